@@ -1,0 +1,65 @@
+#pragma once
+// The two backend concepts an engine models to plug its compute and storage into kvfuse policies.
+//
+// Policies are templates over these concepts; each model sits next to a
+// static_assert(kvfuse::ComputeBackend<...>) / static_assert(kvfuse::KVStore<...>).
+//
+// ComputeBackend — the calls policies make on the engine's compute device:
+//   b.model_fingerprint()      -> uint64: identifies model weights + settings; part of every KVKey, so
+//                                  KV is never reused across models.
+//   b.compute_kv(r)             -> void: compute K/V for prompt tokens r (a TokenRange) with the KV of
+//                                  tokens [0, r.begin) already resident, and keep it resident.
+//                                  (Cake's compute side: chunked prefill.)
+//   b.install_kv(r, block)      -> void: make loaded KV for tokens r resident (copy into the engine's KV
+//                                  buffer / pages). block.num_tokens == r.size().
+//
+// KVStore — a keyed store of KV blocks (memory, disk, remote). Keys carry the model fingerprint and a
+// content hash (see core/types.hpp):
+//   s.contains(key)   -> bool
+//   s.get(key)        -> std::optional<KVBlock>: the block, or nullopt when absent
+//   s.put(key, block) -> void: insert or replace
+//   s.erase(key)      -> bool: whether something was removed
+// A get() may be called from another thread than put(); models must be safe for one reader thread
+// plus one writer thread at a time (the loader's I/O thread and the engine).
+//
+// CostModeledCompute / CostModeledStore — optional refinements for backends that run in virtual time
+// (the simulated backends): instead of taking wall time, an operation reports when it would finish if
+// started at `start_s`. Policies that see these run a deterministic discrete-event schedule.
+//   b.compute_finish_s(r, start_s)              -> double
+//   s.load_finish_s(key, num_tokens, start_s)   -> double
+
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "kvfuse/core/types.hpp"
+
+namespace kvfuse {
+
+template <class B>
+concept ComputeBackend = requires(B& b, const B& cb, TokenRange r, const KVBlock& block) {
+  { cb.model_fingerprint() } -> std::convertible_to<std::uint64_t>;
+  { b.compute_kv(r) } -> std::same_as<void>;
+  { b.install_kv(r, block) } -> std::same_as<void>;
+};
+
+template <class S>
+concept KVStore = requires(S& s, const S& cs, const KVKey& key, KVBlock block) {
+  { cs.contains(key) } -> std::convertible_to<bool>;
+  { s.get(key) } -> std::same_as<std::optional<KVBlock>>;
+  { s.put(key, std::move(block)) } -> std::same_as<void>;
+  { s.erase(key) } -> std::convertible_to<bool>;
+};
+
+template <class B>
+concept CostModeledCompute = ComputeBackend<B> && requires(const B& cb, TokenRange r, double t) {
+  { cb.compute_finish_s(r, t) } -> std::convertible_to<double>;
+};
+
+template <class S>
+concept CostModeledStore = KVStore<S> && requires(const S& cs, const KVKey& key, std::int64_t n, double t) {
+  { cs.load_finish_s(key, n, t) } -> std::convertible_to<double>;
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,15 @@
+#pragma once
+// Compiler glue shared by host code and CUDA kernels.
+//
+// KVFUSE_HOST_DEVICE marks element math that the CPU references and the CUDA kernels share: under
+// nvcc it is __host__ __device__, elsewhere plain inline, so the same function is tested on the CPU.
+
+#if defined(__CUDACC__)
+#define KVFUSE_HOST_DEVICE __host__ __device__ inline
+#else
+#define KVFUSE_HOST_DEVICE inline
+#endif
+
+#define KVFUSE_VERSION_MAJOR 0
+#define KVFUSE_VERSION_MINOR 1
+#define KVFUSE_VERSION_PATCH 0

@@ -1,0 +1,69 @@
+#pragma once
+// The shape of a fused prompt: reusable chunks (system prompt, passages, ...) followed by the query,
+// and TokenSet, the sorted set of token positions a selection policy asks to recompute.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/types.hpp"
+
+namespace kvfuse {
+
+// Sorted, duplicate-free token positions.
+using TokenSet = std::vector<std::int64_t>;
+
+[[nodiscard]] inline TokenSet make_token_set(std::vector<std::int64_t> tokens) {
+  std::sort(tokens.begin(), tokens.end());
+  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  return tokens;
+}
+
+inline void append_range(TokenSet& set, TokenRange r) {
+  for (std::int64_t t = r.begin; t < r.end; ++t) set.push_back(t);
+}
+
+struct PromptChunk {
+  TokenRange range;
+  bool cached = true;  // false: no stored KV for this chunk, so every token of it must be computed
+};
+
+// prompt = chunks[0] ++ chunks[1] ++ ... ++ query, contiguous from position 0. Chunks may be empty.
+struct PromptLayout {
+  std::vector<PromptChunk> chunks;
+  TokenRange query;
+
+  [[nodiscard]] std::int64_t num_tokens() const noexcept { return query.end; }
+
+  void validate() const {
+    std::int64_t next = 0;
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const TokenRange r = chunks[i].range;
+      detail::require(r.begin == next && r.end >= r.begin,
+                      "PromptLayout: chunk {} is [{}, {}) but must start at {} and not be reversed", i, r.begin,
+                      r.end, next);
+      next = r.end;
+    }
+    detail::require(query.begin == next && query.end >= query.begin,
+                    "PromptLayout: query is [{}, {}) but must start at {} (end of the last chunk)", query.begin,
+                    query.end, next);
+  }
+
+  // Layout from chunk lengths followed by a query of `query_len` tokens; all chunks cached.
+  [[nodiscard]] static PromptLayout from_lengths(const std::vector<std::int64_t>& chunk_lengths,
+                                                 std::int64_t query_len) {
+    PromptLayout layout;
+    std::int64_t pos = 0;
+    for (std::int64_t len : chunk_lengths) {
+      detail::require(len >= 0, "PromptLayout: chunk length {} is negative", len);
+      layout.chunks.push_back({{pos, pos + len}, true});
+      pos += len;
+    }
+    detail::require(query_len >= 0, "PromptLayout: query length {} is negative", query_len);
+    layout.query = {pos, pos + query_len};
+    return layout;
+  }
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,97 @@
+#pragma once
+// Vocabulary types: token ids, half-open token ranges, chunks, store keys and KV blocks.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvfuse/core/error.hpp"
+
+namespace kvfuse {
+
+using token_id = std::int32_t;
+
+// Half-open range [begin, end) of token positions in a prompt.
+struct TokenRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+
+  [[nodiscard]] constexpr std::int64_t size() const noexcept { return end - begin; }
+  [[nodiscard]] constexpr bool empty() const noexcept { return end <= begin; }
+  [[nodiscard]] constexpr bool contains(std::int64_t pos) const noexcept { return pos >= begin && pos < end; }
+  friend constexpr bool operator==(const TokenRange&, const TokenRange&) = default;
+};
+
+// Checks that `r` is a well-formed sub-range of [0, n).
+inline void validate_range(TokenRange r, std::int64_t n, const char* what) {
+  detail::require(r.begin >= 0 && r.begin <= r.end && r.end <= n,
+                  "{}: token range [{}, {}) is not inside [0, {})", what, r.begin, r.end, n);
+}
+
+// Key of a stored KV entry: which model produced it and which token content it covers.
+// `content` is a content hash (chunk hash, or chained prefix hash for prefix caches).
+struct KVKey {
+  std::uint64_t model = 0;
+  std::uint64_t content = 0;
+  friend constexpr bool operator==(const KVKey&, const KVKey&) = default;
+};
+
+struct KVKeyHash {
+  std::size_t operator()(const KVKey& k) const noexcept {
+    return static_cast<std::size_t>(k.model * 0x9E3779B97F4A7C15ull ^ k.content);
+  }
+};
+
+// KV of a run of tokens as opaque bytes, in the engine's own layout.
+struct KVBlock {
+  std::int64_t num_tokens = 0;
+  std::vector<std::byte> bytes;
+};
+
+// 64-bit FNV-1a over token ids, chained: hash_tokens(tokens, seed) continues from `seed`.
+// Chunk keys use seed = kFnvOffset; prefix keys chain chunk by chunk so key j covers tokens [0, end_j).
+inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+
+[[nodiscard]] inline std::uint64_t hash_tokens(std::span<const token_id> tokens,
+                                               std::uint64_t seed = kFnvOffset) noexcept {
+  std::uint64_t h = seed;
+  for (token_id t : tokens) {
+    auto u = static_cast<std::uint32_t>(t);
+    for (int byte = 0; byte < 4; ++byte) {
+      h ^= (u >> (8 * byte)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+// Prefix keys of a prompt split on a fixed grid of `chunk` tokens (the last chunk may be shorter):
+// key j identifies the KV of tokens [j*chunk, min((j+1)*chunk, n)) *given* tokens [0, j*chunk), which is
+// what a prefix cache stores (Cake, appendix A step 2).
+[[nodiscard]] inline std::vector<KVKey> prefix_chunk_keys(std::uint64_t model, std::span<const token_id> tokens,
+                                                          std::int64_t chunk) {
+  detail::require(chunk > 0, "prefix_chunk_keys: chunk size {} must be positive", chunk);
+  std::vector<KVKey> keys;
+  std::uint64_t h = kFnvOffset;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  for (std::int64_t b = 0; b < n; b += chunk) {
+    const std::int64_t e = std::min(n, b + chunk);
+    h = hash_tokens(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), h);
+    keys.push_back({model, h});
+  }
+  return keys;
+}
+
+}  // namespace kvfuse
+
+template <>
+struct fmt::formatter<kvfuse::TokenRange> : fmt::formatter<std::string_view> {
+  auto format(const kvfuse::TokenRange& r, format_context& ctx) const {
+    return fmt::format_to(ctx.out(), "[{}, {})", r.begin, r.end);
+  }
+};
