@@ -1,1 +1,549 @@
 #pragma once
+// BidirectionalLoader — Cake (cake-icml2025.txt, section 4 and appendix A, Algorithm 1).
+//
+// What it does: prepares the KV of a prompt whose prefix KV is stored (prefix cache on disk, remote
+// store) by computing chunked prefill from token 0 forward while fetching stored KV from the end of the
+// stored prefix backward, concurrently, and stopping where the two meet. Tokens after the stored prefix
+// are computed afterwards.
+//
+// When to use it: long prompts with a prefix-cache hit in a store slower than GPU memory, when neither
+// loading everything (I/O-only) nor recomputing everything (compute-only) is clearly best, or when the
+// GPU share and bandwidth change under load. For reuse of non-prefix chunks use the fusion selectors
+// (HKVDSelector, AttnLinkBoundary, CCIScorer) instead; for a store as fast as HBM just load.
+//
+// Defaults from the paper: compute chunk 512 tokens (vLLM token budget), fetch chunk 128 tokens.
+//
+// Beyond the paper (its section 5 leaves this as future work): in LoaderMode::adaptive the compute side
+// does not start a chunk that is predicted to finish only after the loads have reached it — a GPU chunk
+// cannot be abandoned, so such a chunk would only delay the first token. Predictions use observed
+// durations (or the a-priori LoaderEstimate before anything is observed). To bound the cost of a wrong
+// prediction the compute side idles at most one chunk's estimated time in total, then runs
+// unconditionally (ski rental). Loads can always be abandoned, so they always run. Hence, for constant
+// rates, the loader is never slower than min(compute-only, load-only) by more than one chunk's time.
+//
+// Missing or failing store entries (evicted between lookup and fetch, a store that goes away) stop the
+// loads; the compute side then covers the rest. The failure is recorded in the trace, nothing is lost.
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/types.hpp"
+
+namespace kvfuse {
+
+enum class LoaderMode {
+  adaptive,       // Cake + fallback: skip compute chunks that cannot finish before the meeting point
+  bidirectional,  // Cake Algorithm 1 as published
+  compute_only,   // chunked prefill of everything (baseline)
+  load_only,      // load the whole stored prefix, compute only the rest (baseline)
+};
+
+struct LoaderConfig {
+  std::int64_t compute_chunk = 512;  // Cake: token budget of one chunked-prefill step
+  std::int64_t fetch_chunk = 128;    // Cake: granularity of stored prefix chunks
+  LoaderMode mode = LoaderMode::adaptive;
+
+  void validate() const {
+    detail::require(compute_chunk > 0, "LoaderConfig: compute_chunk = {} must be > 0", compute_chunk);
+    detail::require(fetch_chunk > 0, "LoaderConfig: fetch_chunk = {} must be > 0", fetch_chunk);
+  }
+};
+
+// A-priori costs for the adaptive mode, used until the first chunk of each side has been observed.
+// Zero means unknown (the loader then behaves as Cake does until it has observed something).
+struct LoaderEstimate {
+  double compute_a_s = 0;   // compute chunk i takes compute_a_s + compute_b_s·i seconds
+  double compute_b_s = 0;
+  double fetch_chunk_s = 0;  // one fetch chunk, latency included
+
+  void validate() const {
+    detail::require(compute_a_s >= 0 && compute_b_s >= 0 && fetch_chunk_s >= 0,
+                    "LoaderEstimate: negative estimate (a = {}, b = {}, fetch = {})", compute_a_s, compute_b_s,
+                    fetch_chunk_s);
+  }
+};
+
+enum class KVSource { computed, loaded };
+
+struct LoaderStep {
+  TokenRange tokens;
+  KVSource source = KVSource::computed;
+  double start_s = 0;
+  double end_s = 0;   // when the step finished; for abandoned loads, when it was abandoned
+  bool used = true;   // false: abandoned or made redundant by the other side
+};
+
+struct LoaderTrace {
+  std::int64_t num_tokens = 0;
+  std::int64_t stored_tokens = 0;   // length of the stored prefix found in the store (Cake: total_tokens)
+  std::int64_t meet_token = 0;      // tokens [0, meet) computed, [meet, stored) loaded
+  std::int64_t computed_tokens = 0; // meet_token + tokens after the stored prefix
+  std::int64_t loaded_tokens = 0;   // stored_tokens - meet_token
+  double cover_s = 0;               // when every token's KV was resident
+  double ready_s = 0;               // cover_s, or later if a compute chunk was still running (GPU busy)
+  int skipped_compute_chunks = 0;   // adaptive decisions not to start a compute chunk
+  std::string load_failure;         // non-empty when a load failed and compute covered the rest
+  std::vector<LoaderStep> steps;
+};
+
+namespace detail {
+
+// The shared state machine of Cake's two workers: c = computed prefix end, l = loaded suffix begin.
+// Drivers (virtual time, threads) ask it what to start and tell it what finished.
+class CakeRace {
+ public:
+  CakeRace(const LoaderConfig& cfg, const LoaderEstimate& est, std::int64_t stored, std::int64_t n)
+      : cfg_(cfg), est_(est), stored_(stored), n_(n), l_(stored) {
+    loads_enabled_ = cfg.mode != LoaderMode::compute_only;
+    if (cfg.mode == LoaderMode::load_only) compute_limit_ = 0;
+    trace_.num_tokens = n;
+    trace_.stored_tokens = stored;
+  }
+
+  // Algorithm 1 line 2 / 9: both workers run while compute_ptr < io_ptr.
+  [[nodiscard]] bool covered() const noexcept { return c_ >= l_; }
+  [[nodiscard]] std::int64_t computed() const noexcept { return c_; }
+
+  // Next fetch chunk: the one ending at io_ptr (Algorithm 1 line 10), or nothing.
+  [[nodiscard]] std::optional<TokenRange> next_fetch() const {
+    if (!loads_enabled_ || covered()) return std::nullopt;
+    const std::int64_t j = (l_ - 1) / cfg_.fetch_chunk;
+    return TokenRange{j * cfg_.fetch_chunk, l_};
+  }
+
+  enum class Decision { start, wait, done };
+
+  // Next compute chunk at `now`, given the fetch in flight (if any) started at `fetch_start`.
+  [[nodiscard]] Decision decide_compute(double now, std::optional<double> fetch_start, TokenRange& out) {
+    if (covered() || (compute_limit_ >= 0 && c_ >= compute_limit_)) return Decision::done;
+    const std::int64_t grid_end = (c_ / cfg_.compute_chunk + 1) * cfg_.compute_chunk;
+    out = {c_, std::min(grid_end, l_)};
+    if (cfg_.mode != LoaderMode::adaptive || !loads_enabled_ || idle_budget_spent(now)) return Decision::start;
+    const std::optional<double> f = predict_compute_s(out);
+    const std::optional<double> reach = predict_loads_reach_s(now, fetch_start, out.begin);
+    if (!f || !reach || now + *f < *reach) return Decision::start;
+    if (!idle_since_) {
+      idle_since_ = now;
+      idle_budget_s_ = std::max(idle_budget_s_, *f);
+      ++trace_.skipped_compute_chunks;
+    }
+    return Decision::wait;
+  }
+
+  // When the compute side must start regardless of predictions (its idle budget is spent).
+  [[nodiscard]] double idle_deadline() const noexcept {
+    return (idle_since_ ? *idle_since_ : 0.0) + idle_budget_s_ - idle_total_s_;
+  }
+
+  void compute_started(double now) {
+    if (idle_since_) {
+      idle_total_s_ += now - *idle_since_;
+      idle_since_.reset();
+    }
+  }
+
+  void compute_done(TokenRange r, double start, double end) {
+    trace_.steps.push_back({r, KVSource::computed, start, end, true});
+    const double d = end - start;
+    if (d > 0 && r.size() > 0) {
+      observed_compute_ = Observation{r.begin / cfg_.compute_chunk, d * static_cast<double>(cfg_.compute_chunk) /
+                                                                        static_cast<double>(r.size())};
+    }
+    c_ = std::max(c_, r.end);
+    if (covered()) mark_cover(end);
+  }
+
+  void fetch_done(TokenRange r, double start, double end) {
+    trace_.steps.push_back({r, KVSource::loaded, start, end, true});
+    observed_fetch_s_ = end - start;
+    l_ = std::min(l_, r.begin);
+    if (covered()) mark_cover(end);
+  }
+
+  // A load failed or its entry was missing: stop loading; compute covers everything not yet loaded.
+  void fetch_failed(TokenRange r, double start, double end, std::string why) {
+    trace_.steps.push_back({r, KVSource::loaded, start, end, false});
+    loads_enabled_ = false;
+    compute_limit_ = -1;
+    trace_.load_failure = std::move(why);
+  }
+
+  // The compute side failed: stop the loads too.
+  void stop_loads() noexcept { loads_enabled_ = false; }
+
+  void fetch_abandoned(TokenRange r, double start, double end) {
+    trace_.steps.push_back({r, KVSource::loaded, start, end, false});
+  }
+
+  // The loaded ranges whose KV must be installed: every successful fetch at or after the meeting point.
+  [[nodiscard]] std::vector<TokenRange> ranges_to_install() const {
+    std::vector<TokenRange> out;
+    for (const LoaderStep& s : trace_.steps)
+      if (s.source == KVSource::loaded && s.used && s.tokens.end > c_) out.push_back(s.tokens);
+    return out;
+  }
+
+  LoaderTrace finish(double ready_s) {
+    if (!covered()) mark_cover(ready_s);
+    // Race compute steps end at or before the stored prefix; the suffix steps start at it.
+    trace_.meet_token = 0;
+    for (const LoaderStep& s : trace_.steps)
+      if (s.source == KVSource::computed && s.tokens.end <= stored_)
+        trace_.meet_token = std::max(trace_.meet_token, s.tokens.end);
+    trace_.loaded_tokens = stored_ - trace_.meet_token;
+    trace_.computed_tokens = trace_.meet_token + (n_ - stored_);
+    trace_.ready_s = std::max(ready_s, trace_.cover_s);
+    // Loads wholly inside the computed prefix were redundant.
+    for (LoaderStep& s : trace_.steps)
+      if (s.source == KVSource::loaded && s.tokens.end <= trace_.meet_token) s.used = false;
+    std::sort(trace_.steps.begin(), trace_.steps.end(),
+              [](const LoaderStep& a, const LoaderStep& b) { return a.start_s < b.start_s; });
+    return std::move(trace_);
+  }
+
+  [[nodiscard]] std::int64_t compute_chunk() const noexcept { return cfg_.compute_chunk; }
+
+ private:
+  struct Observation {
+    std::int64_t chunk_index;
+    double full_chunk_s;
+  };
+
+  void mark_cover(double t) {
+    if (!cover_marked_) {
+      trace_.cover_s = t;
+      cover_marked_ = true;
+    }
+  }
+
+  [[nodiscard]] bool idle_budget_spent(double now) const {
+    return idle_budget_s_ > 0 && now >= idle_deadline();
+  }
+
+  [[nodiscard]] double chunk_cost(std::int64_t i) const {
+    return est_.compute_a_s + est_.compute_b_s * static_cast<double>(i);
+  }
+
+  // Seconds to compute r: the last observed chunk scaled by the cost model's a + b·i growth, else the
+  // a-priori estimate.
+  [[nodiscard]] std::optional<double> predict_compute_s(TokenRange r) const {
+    const std::int64_t i = r.begin / cfg_.compute_chunk;
+    const double fraction = static_cast<double>(r.size()) / static_cast<double>(cfg_.compute_chunk);
+    if (observed_compute_) {
+      const double base = chunk_cost(observed_compute_->chunk_index);
+      const double growth = base > 0 ? chunk_cost(i) / base : 1.0;
+      return observed_compute_->full_chunk_s * growth * fraction;
+    }
+    if (chunk_cost(i) > 0) return chunk_cost(i) * fraction;
+    return std::nullopt;
+  }
+
+  // When the loads will have covered down to `pos`; pessimistic once a fetch overruns its prediction.
+  [[nodiscard]] std::optional<double> predict_loads_reach_s(double now, std::optional<double> fetch_start,
+                                                            std::int64_t pos) const {
+    double d = observed_fetch_s_ > 0 ? observed_fetch_s_ : est_.fetch_chunk_s;
+    if (d <= 0) return std::nullopt;
+    std::int64_t boundary = l_;
+    double t = now;
+    if (fetch_start) {
+      const double elapsed = now - *fetch_start;
+      if (elapsed > d) d = elapsed;  // overrunning: assume it takes as long again
+      t = *fetch_start + d;
+      if (t <= now) t = now + d;
+      boundary = ((l_ - 1) / cfg_.fetch_chunk) * cfg_.fetch_chunk;
+    }
+    const std::int64_t remaining = boundary > pos ? (boundary - pos + cfg_.fetch_chunk - 1) / cfg_.fetch_chunk : 0;
+    return t + static_cast<double>(remaining) * d;
+  }
+
+  LoaderConfig cfg_;
+  LoaderEstimate est_;
+  std::int64_t stored_;
+  std::int64_t n_;
+  std::int64_t c_ = 0;
+  std::int64_t l_;
+  std::int64_t compute_limit_ = -1;  // load_only: compute stops at 0; -1 = no limit
+  bool loads_enabled_ = true;
+  bool cover_marked_ = false;
+  std::optional<Observation> observed_compute_;
+  double observed_fetch_s_ = 0;
+  std::optional<double> idle_since_;
+  double idle_total_s_ = 0;
+  double idle_budget_s_ = 0;
+  LoaderTrace trace_;
+};
+
+}  // namespace detail
+
+template <ComputeBackend Compute, KVStore Store>
+class BidirectionalLoader {
+ public:
+  explicit BidirectionalLoader(LoaderConfig cfg = {}, LoaderEstimate est = {}) : cfg_(cfg), est_(est) {
+    cfg_.validate();
+    est_.validate();
+  }
+
+  // Length of the stored prefix of `tokens`: the longest run of leading fetch chunks present in the store
+  // under their prefix keys (Cake appendix A, step 2).
+  [[nodiscard]] std::int64_t stored_prefix(const Compute& compute, const Store& store,
+                                           std::span<const token_id> tokens) const {
+    const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg_.fetch_chunk);
+    std::int64_t stored = 0;
+    for (const KVKey& key : keys) {
+      if (!store.contains(key)) break;
+      stored = std::min<std::int64_t>(stored + cfg_.fetch_chunk, static_cast<std::int64_t>(tokens.size()));
+    }
+    return stored;
+  }
+
+  // Makes the KV of every token of `tokens` resident in `compute`. Virtual time when both backends are
+  // cost-modelled, otherwise two real threads and the steady clock (times relative to the call).
+  LoaderTrace run(Compute& compute, Store& store, std::span<const token_id> tokens) const {
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    const std::int64_t stored = stored_prefix(compute, store, tokens);
+    const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg_.fetch_chunk);
+    detail::CakeRace race(cfg_, est_, stored, n);
+    if constexpr (CostModeledCompute<Compute> && CostModeledStore<Store>) {
+      return run_virtual(race, compute, store, keys, n, stored);
+    } else {
+      return run_threads(race, compute, store, keys, n, stored);
+    }
+  }
+
+  [[nodiscard]] const LoaderConfig& config() const noexcept { return cfg_; }
+
+ private:
+  struct InFlight {
+    TokenRange range;
+    double start;
+    double end;
+  };
+
+  [[nodiscard]] KVKey key_of(const std::vector<KVKey>& keys, TokenRange r) const {
+    return keys[static_cast<std::size_t>(r.begin / cfg_.fetch_chunk)];
+  }
+
+  // Fetch and validate one stored chunk; an empty optional plus `why` on a miss or a wrong-sized block.
+  static std::optional<KVBlock> fetch(Store& store, const KVKey& key, TokenRange r, std::string& why) {
+    std::optional<KVBlock> block = store.get(key);
+    if (!block) {
+      why = fmt::format("stored KV for tokens {} is missing (evicted after lookup?)", r);
+    } else if (block->num_tokens != r.size()) {
+      why = fmt::format("stored KV for tokens {} holds {} tokens, expected {}", r, block->num_tokens, r.size());
+      block.reset();
+    }
+    return block;
+  }
+
+  // Install the loaded blocks the compute side did not cover, in order.
+  static void install(const detail::CakeRace& race, Compute& compute, const std::map<std::int64_t, KVBlock>& loaded) {
+    for (TokenRange r : race.ranges_to_install()) compute.install_kv(r, loaded.at(r.begin));
+  }
+
+  LoaderTrace run_virtual(detail::CakeRace& race, Compute& compute, Store& store, const std::vector<KVKey>& keys,
+                          std::int64_t n, std::int64_t stored) const {
+    double now = 0;
+    std::optional<InFlight> comp, io;
+    std::map<std::int64_t, KVBlock> loaded;
+    std::optional<double> recheck;
+    for (;;) {
+      if (race.covered()) break;
+      if (!io) {
+        if (auto r = race.next_fetch()) {
+          std::string why;
+          if (auto block = fetch(store, key_of(keys, *r), *r, why)) {
+            loaded[r->begin] = std::move(*block);
+            io = InFlight{*r, now, store.load_finish_s(key_of(keys, *r), r->size(), now)};
+          } else {
+            race.fetch_failed(*r, now, now, why);
+          }
+        }
+      }
+      recheck.reset();
+      if (!comp) {
+        TokenRange r;
+        switch (race.decide_compute(now, io ? std::optional<double>(io->start) : std::nullopt, r)) {
+          case detail::CakeRace::Decision::start:
+            race.compute_started(now);
+            comp = InFlight{r, now, compute.compute_finish_s(r, now)};
+            break;
+          case detail::CakeRace::Decision::wait:
+            // Re-decide when the fetch ends or, at the latest, when the idle budget runs out.
+            recheck = std::max(race.idle_deadline(), now);
+            break;
+          case detail::CakeRace::Decision::done:
+            break;
+        }
+      }
+      detail::require(comp || io || recheck, "BidirectionalLoader: no progress possible at t = {} s", now);
+      double next = std::numeric_limits<double>::infinity();
+      if (comp) next = std::min(next, comp->end);
+      if (io) next = std::min(next, io->end);
+      if (recheck) next = std::min(next, *recheck);
+      now = next;
+      if (comp && comp->end <= now) {
+        compute.compute_kv(comp->range);
+        race.compute_done(comp->range, comp->start, comp->end);
+        comp.reset();
+      }
+      if (io && io->end <= now) {
+        race.fetch_done(io->range, io->start, io->end);
+        io.reset();
+      }
+    }
+    // Loads still in flight are abandoned; a compute chunk in flight keeps the GPU until it ends.
+    if (io) race.fetch_abandoned(io->range, io->start, now);
+    double gpu_free = now;
+    if (comp) {
+      compute.compute_kv(comp->range);
+      race.compute_done(comp->range, comp->start, comp->end);
+      gpu_free = comp->end;
+    }
+    install(race, compute, loaded);
+    // Tokens after the stored prefix: plain chunked prefill.
+    for (std::int64_t b = stored; b < n;) {
+      const TokenRange r{b, std::min(n, (b / cfg_.compute_chunk + 1) * cfg_.compute_chunk)};
+      const double end = compute.compute_finish_s(r, gpu_free);
+      compute.compute_kv(r);
+      race.compute_done(r, gpu_free, end);
+      gpu_free = end;
+      b = r.end;
+    }
+    return race.finish(gpu_free);
+  }
+
+  LoaderTrace run_threads(detail::CakeRace& race, Compute& compute, Store& store, const std::vector<KVKey>& keys,
+                          std::int64_t n, std::int64_t stored) const {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    auto since = [t0] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<double> fetch_start;
+    std::map<std::int64_t, KVBlock> loaded;
+    std::exception_ptr compute_error;
+
+    std::thread io_thread([&] {
+      std::unique_lock lock(m);
+      while (auto r = race.next_fetch()) {
+        const double start = since();
+        fetch_start = start;
+        const KVKey key = key_of(keys, *r);
+        lock.unlock();
+        std::string why;
+        std::optional<KVBlock> block;
+        try {
+          block = fetch(store, key, *r, why);
+        } catch (const std::exception& e) {
+          why = fmt::format("loading tokens {} failed: {}", *r, e.what());
+        }
+        lock.lock();
+        fetch_start.reset();
+        if (block) {
+          loaded[r->begin] = std::move(*block);
+          race.fetch_done(*r, start, since());
+        } else {
+          race.fetch_failed(*r, start, since(), why);
+        }
+        cv.notify_all();
+      }
+    });
+
+    // Compute worker: this thread.
+    double gpu_free = 0;
+    {
+      std::unique_lock lock(m);
+      for (;;) {
+        TokenRange r;
+        const auto decision = race.decide_compute(since(), fetch_start, r);
+        if (decision == detail::CakeRace::Decision::done) break;
+        if (decision == detail::CakeRace::Decision::wait) {
+          cv.wait_for(lock, std::chrono::milliseconds(1));
+          continue;
+        }
+        race.compute_started(since());
+        const double start = since();
+        lock.unlock();
+        try {
+          compute.compute_kv(r);
+        } catch (...) {
+          compute_error = std::current_exception();
+        }
+        lock.lock();
+        if (compute_error) {
+          race.stop_loads();
+          break;
+        }
+        gpu_free = since();
+        race.compute_done(r, start, gpu_free);
+      }
+    }
+    io_thread.join();
+    if (compute_error) std::rethrow_exception(compute_error);
+    install(race, compute, loaded);
+    for (std::int64_t b = stored; b < n;) {
+      const TokenRange r{b, std::min(n, (b / cfg_.compute_chunk + 1) * cfg_.compute_chunk)};
+      const double start = since();
+      compute.compute_kv(r);
+      race.compute_done(r, start, since());
+      b = r.end;
+    }
+    return race.finish(since());
+  }
+
+  LoaderConfig cfg_;
+  LoaderEstimate est_;
+};
+
+// The best static split for cost-modelled backends, by exhaustive search over the fetch grid: compute
+// [0, s) in compute chunks while loading [s, stored) in fetch chunks, both from t = 0, then compute the
+// tokens after the stored prefix. The "oracle" baseline of the Cake simulator.
+struct StaticSplit {
+  std::int64_t split = 0;
+  double ready_s = 0;
+};
+
+template <CostModeledCompute Compute, CostModeledStore Store>
+[[nodiscard]] StaticSplit best_static_split(const Compute& compute, const Store& store, std::int64_t num_tokens,
+                                            std::int64_t stored, const LoaderConfig& cfg) {
+  cfg.validate();
+  detail::require(0 <= stored && stored <= num_tokens, "best_static_split: stored prefix {} not in [0, {}]", stored,
+                  num_tokens);
+  auto compute_from = [&](std::int64_t begin, std::int64_t end, double t) {
+    for (std::int64_t b = begin; b < end;) {
+      const TokenRange r{b, std::min(end, (b / cfg.compute_chunk + 1) * cfg.compute_chunk)};
+      t = compute.compute_finish_s(r, t);
+      b = r.end;
+    }
+    return t;
+  };
+  StaticSplit best{0, std::numeric_limits<double>::infinity()};
+  for (std::int64_t s = 0;; s = std::min(stored, s + cfg.fetch_chunk)) {
+    double load_end = 0;
+    for (std::int64_t e = stored; e > s;) {
+      const std::int64_t b = std::max(s, ((e - 1) / cfg.fetch_chunk) * cfg.fetch_chunk);
+      load_end = store.load_finish_s(KVKey{}, e - b, load_end);
+      e = b;
+    }
+    const double ready = compute_from(stored, num_tokens, std::max(compute_from(0, s, 0.0), load_end));
+    if (ready < best.ready_s) best = {s, ready};
+    if (s == stored) break;
+  }
+  return best;
+}
+
+}  // namespace kvfuse
