@@ -124,11 +124,14 @@ class CakeRace {
     return TokenRange{j * cfg_.fetch_chunk, l_};
   }
 
-  enum class Decision { start, wait, done };
+  // start: compute `out` now. wait: adaptive skip, decide again by idle_deadline() or when a fetch ends.
+  // blocked: load-only, nothing to compute unless a load fails. done: every token is resident.
+  enum class Decision { start, wait, blocked, done };
 
   // Next compute chunk at `now`, given the fetch in flight (if any) started at `fetch_start`.
   [[nodiscard]] Decision decide_compute(double now, std::optional<double> fetch_start, TokenRange& out) {
-    if (covered() || (compute_limit_ >= 0 && c_ >= compute_limit_)) return Decision::done;
+    if (covered()) return Decision::done;
+    if (compute_limit_ >= 0 && c_ >= compute_limit_) return Decision::blocked;
     const std::int64_t grid_end = (c_ / cfg_.compute_chunk + 1) * cfg_.compute_chunk;
     out = {c_, std::min(grid_end, l_)};
     if (cfg_.mode != LoaderMode::adaptive || !loads_enabled_ || idle_budget_spent(now)) return Decision::start;
@@ -384,6 +387,7 @@ class BidirectionalLoader {
             // Re-decide when the fetch ends or, at the latest, when the idle budget runs out.
             recheck = std::max(race.idle_deadline(), now);
             break;
+          case detail::CakeRace::Decision::blocked:
           case detail::CakeRace::Decision::done:
             break;
         }
@@ -471,7 +475,7 @@ class BidirectionalLoader {
         TokenRange r;
         const auto decision = race.decide_compute(since(), fetch_start, r);
         if (decision == detail::CakeRace::Decision::done) break;
-        if (decision == detail::CakeRace::Decision::wait) {
+        if (decision != detail::CakeRace::Decision::start) {
           cv.wait_for(lock, std::chrono::milliseconds(1));
           continue;
         }
