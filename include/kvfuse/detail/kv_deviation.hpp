@@ -1,0 +1,77 @@
+#pragma once
+// Per-token KV deviation, the score CacheBlend ranks tokens by (section 4.1 "KV deviation", section 4.3
+// HKVD tokens): the squared L2 distance between the freshly recomputed K (or V) of a token on one layer and
+// the K (or V) loaded from the chunk cache, summed over all KV heads and head dims.
+//
+// The element math is KVFUSE_HOST_DEVICE so the CUDA deviation kernel runs the very function the host
+// reference (and the tests) run. Layout: K or V of one layer as a row-major matrix with one row per token;
+// the num_heads * head_dim values of a token (head-major: head h occupies [h * head_dim, (h + 1) * head_dim))
+// start its row, and row_stride >= num_heads * head_dim leaves room for padding or a fused K|V row.
+//
+// The checked host helper kv_deviation() is left out of nvcc translation units: its error messages use
+// fmt's consteval format strings, which nvcc's front end rejects. Kernels call the KVFUSE_HOST_DEVICE
+// functions; host references built by the C++ compiler get the helper.
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "kvfuse/core/config.hpp"
+#if !defined(__CUDACC__)
+#include "kvfuse/core/error.hpp"
+#endif
+
+namespace kvfuse::detail {
+
+// Delta_kv(KV_i, KV_i^full)[j] for one token (CacheBlend section 4.1), taken as the squared L2 norm of
+// (recomputed - cached) over the token's num_heads * head_dim values; `recomputed_row` and `cached_row`
+// point at the first value of the token's row.
+KVFUSE_HOST_DEVICE float kv_row_deviation(const float* recomputed_row, const float* cached_row, std::int64_t num_heads,
+                                          std::int64_t head_dim) {
+  float sum = 0.0f;
+  const std::int64_t width = num_heads * head_dim;
+  for (std::int64_t e = 0; e < width; ++e) {
+    const float d = recomputed_row[e] - cached_row[e];
+    sum += d * d;
+  }
+  return sum;
+}
+
+// kv_row_deviation of token row `row` of two [rows, row_stride] matrices (the recomputed and the cached
+// K or V of one layer, both indexed by the same row).
+KVFUSE_HOST_DEVICE float kv_token_deviation(const float* recomputed, const float* cached, std::int64_t row_stride,
+                                            std::int64_t row, std::int64_t num_heads, std::int64_t head_dim) {
+  const std::int64_t offset = row * row_stride;
+  return kv_row_deviation(recomputed + offset, cached + offset, num_heads, head_dim);
+}
+
+#if !defined(__CUDACC__)
+// Host reference: out[i] = kv_token_deviation(recomputed, cached, row_stride, rows[i], num_heads, head_dim).
+// Every row must lie inside both matrices; bad shapes and out-of-range rows throw kvfuse::error.
+inline void kv_deviation(std::span<const float> recomputed, std::span<const float> cached, std::int64_t row_stride,
+                         std::int64_t num_heads, std::int64_t head_dim, std::span<const std::int64_t> rows,
+                         std::span<float> out) {
+  require(num_heads >= 1, "kv_deviation: num_heads {} must be at least 1", num_heads);
+  require(head_dim >= 1, "kv_deviation: head_dim {} must be at least 1", head_dim);
+  const std::int64_t width = num_heads * head_dim;
+  require(row_stride >= width, "kv_deviation: row_stride {} is smaller than num_heads * head_dim = {}", row_stride,
+          width);
+  require(rows.size() == out.size(), "kv_deviation: {} rows but the output holds {} values", rows.size(),
+          out.size());
+  // Rows r with r * row_stride + width <= size, counted without overflow.
+  const auto rows_in = [&](std::size_t size) -> std::int64_t {
+    const auto n = static_cast<std::int64_t>(size);
+    return n < width ? 0 : (n - width) / row_stride + 1;
+  };
+  const std::int64_t limit = std::min(rows_in(recomputed.size()), rows_in(cached.size()));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    require(rows[i] >= 0 && rows[i] < limit,
+            "kv_deviation: row {} (entry {}) is outside the {} rows the recomputed ({} floats) and cached ({} floats) "
+            "matrices hold",
+            rows[i], i, limit, recomputed.size(), cached.size());
+    out[i] = kv_token_deviation(recomputed.data(), cached.data(), row_stride, rows[i], num_heads, head_dim);
+  }
+}
+#endif  // !defined(__CUDACC__)
+
+}  // namespace kvfuse::detail
