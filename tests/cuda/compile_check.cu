@@ -1,23 +1,25 @@
-// Compiles the KVFUSE_HOST_DEVICE element math under nvcc for sm_90 and checks the host path agrees
-// with what the device path would run (same function).
+// The KVFUSE_HOST_DEVICE element math compiles under nvcc for sm_90 (+ PTX), and its host instantiation
+// in this nvcc translation unit gives the value computed by hand. The kernel is compiled, not launched,
+// so this runs without a GPU.
 #include <cstdio>
 
-#include "kvfuse/core/config.hpp"
+#include "kvfuse/detail/kv_deviation.hpp"
 
 namespace {
-KVFUSE_HOST_DEVICE float axpy(float a, float x, float y) { return a * x + y; }
-
-__global__ void axpy_kernel(float a, const float* x, float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = axpy(a, x[i], y[i]);
+__global__ void deviation_kernel(const float* recomputed, const float* cached, std::int64_t row_stride,
+                                 std::int64_t rows, std::int64_t heads, std::int64_t head_dim, float* out) {
+  const std::int64_t row = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (row < rows) out[row] = kvfuse::detail::kv_token_deviation(recomputed, cached, row_stride, row, heads, head_dim);
 }
 }  // namespace
 
 int main() {
-  // Only the host instantiation runs here; the kernel is compiled (and would be launched on a GPU).
-  (void)&axpy_kernel;
-  if (axpy(2.0f, 3.0f, 1.0f) != 7.0f) {
-    std::puts("host path of KVFUSE_HOST_DEVICE function is wrong");
+  (void)&deviation_kernel;
+  // One token, 2 heads x 2 dims: (1-0)^2 + (2-0)^2 + (0-3)^2 + (4-4)^2 = 14.
+  const float recomputed[4] = {1, 2, 0, 4};
+  const float cached[4] = {0, 0, 3, 4};
+  if (kvfuse::detail::kv_token_deviation(recomputed, cached, 4, 0, 2, 2) != 14.0f) {
+    std::puts("host path of kv_token_deviation under nvcc is wrong");
     return 1;
   }
   return 0;
