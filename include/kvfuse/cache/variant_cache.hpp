@@ -1,1 +1,236 @@
 #pragma once
+// VariantCache — Cache-Craft's metadata store of chunk-cache variants: lookup by lowest CFO, f_r eviction.
+//
+// What it does: a chunk may have several stored KV "variants", each computed behind a different prefix
+// (section 3.3, Fig. 18). The cache maps a chunk's content hash to its variants; each variant keeps the
+// ChunkProfile computed by CCIScorer (stored prefix with its inter attention, CCI, ordered recompute-token
+// list) and the KVKey under which the engine's KVStore holds its KV bytes (the cache owns no KV).
+//   lookup(chunk, current prefix): scores every variant against the current prefix (β, γ, β', CFO: eq. 6-8,
+//     12) and returns the one with the lowest CFO with its N = ⌈CFO · |C|⌉ tokens to recompute (eq. 14);
+//     the chosen variant's reuse frequency grows by f_r += 1/CFO.
+//   insert(profile, kv): adds a variant for a new (chunk, prefix) pair; when the cache holds N × M variants
+//     the variant with the lowest f_r is evicted first and returned so the engine can erase its KV.
+// Paper: Cache-Craft (seeds/cache-craft.txt), section 3.3; CFO from sections 3.1-3.2.
+//
+// When to use: with CCIScorer, to keep the most reusable chunk-caches of a RAG workload under a fixed
+// budget of stored KV instances. Use a plain prefix cache (vLLM-style) when prompts share exact prefixes.
+//
+// Defaults from the paper: N = 100 chunks, M = 5 variants (section 5.1, "Cache Storage"), α = 1 (eq. 12).
+// The paper's limit is N × M instances in total ("from one popular chunk with N × M variants to N × M
+// chunks, each with a single variant"), so by default M does not cap a single chunk; set
+// cap_variants_per_chunk to also hold every chunk to M variants (then a chunk's own lowest-f_r variant makes
+// room for its new one).
+//
+// Decisions where the paper leaves room:
+//  - f_r starts at 0. CFO = 0 (exact prefix match, or α = 0) would make 1/CFO infinite: the increment is
+//    min(1/CFO, max_reuse_bonus), so a perfect match earns the capped bonus (default 1000, i.e. as much as
+//    a match that recomputes 0.1 % of the chunk).
+//  - Eviction happens on insert (the paper evicts "periodically"); the victim is the lowest f_r, ties to the
+//    oldest variant (smallest id). A new variant is always admitted.
+//  - Lookup ties in CFO go to the oldest variant. A variant for a (chunk, stored prefix) pair that is
+//    already stored is not added again (the paper adds variants for a "unique chunk and prefix").
+//  - f_r uses the same CFO as the token count (eq. 12, with α); section 3.3 writes CFO without α, which
+//    picks the same variant.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/select/cci_scorer.hpp"
+
+namespace kvfuse {
+
+struct VariantCacheConfig {
+  std::int64_t num_chunks = 100;         // N (section 5.1)
+  std::int64_t variants_per_chunk = 5;   // M (section 5.1)
+  bool cap_variants_per_chunk = false;   // paper: only the N × M total is a limit
+  double alpha = 1.0;                    // eq. 12
+  double max_reuse_bonus = 1000.0;       // cap of the f_r increment 1/CFO (CFO = 0 earns exactly this)
+
+  [[nodiscard]] std::int64_t capacity() const noexcept { return num_chunks * variants_per_chunk; }
+
+  void validate() const {
+    detail::require(num_chunks >= 1, "VariantCacheConfig: num_chunks (N) = {} must be >= 1", num_chunks);
+    detail::require(variants_per_chunk >= 1, "VariantCacheConfig: variants_per_chunk (M) = {} must be >= 1",
+                    variants_per_chunk);
+    detail::require(num_chunks <= std::numeric_limits<std::int64_t>::max() / variants_per_chunk,
+                    "VariantCacheConfig: N x M = {} x {} overflows", num_chunks, variants_per_chunk);
+    CCIScorerConfig{alpha}.validate();
+    detail::require(std::isfinite(max_reuse_bonus) && max_reuse_bonus > 0.0,
+                    "VariantCacheConfig: max_reuse_bonus = {} must be finite and > 0", max_reuse_bonus);
+  }
+};
+
+// Cache-Craft section 3.3: the f_r increment of one access, 1/CFO, capped at `max_bonus` (CFO = 0 → max_bonus).
+[[nodiscard]] inline double reuse_frequency_increment(double cfo, double max_bonus) {
+  detail::require_nonneg_finite(cfo, "reuse_frequency_increment: cfo");
+  detail::require(std::isfinite(max_bonus) && max_bonus > 0.0,
+                  "reuse_frequency_increment: max_bonus = {} must be finite and > 0", max_bonus);
+  return cfo == 0.0 ? max_bonus : std::min(1.0 / cfo, max_bonus);
+}
+
+// One stored variant, as inspected.
+struct VariantEntry {
+  std::uint64_t id = 0;            // unique, increasing in insertion order
+  ChunkProfile profile;            // chunk id, stored prefix, CCI, ordered recompute-token list
+  KVKey kv;                        // where the engine's KVStore holds this variant's KV
+  double reuse_frequency = 0.0;    // f_r
+};
+
+// The variant chosen for a chunk in a new prompt.
+struct VariantMatch {
+  std::uint64_t variant_id = 0;
+  KVKey kv;
+  ChunkScore score;                // β, γ, β', CFO, N and the chunk-local tokens to recompute
+  double reuse_frequency = 0.0;    // f_r after this access (unchanged by best())
+};
+
+struct VariantInsertResult {
+  bool inserted = false;              // false: this (chunk, stored prefix) is already stored
+  std::uint64_t variant_id = 0;       // the new variant, or the one already stored
+  std::vector<VariantEntry> evicted;  // erase their KV from the KVStore
+};
+
+// Cache-Craft section 3.3: up to N × M chunk-cache variants keyed by chunk hash.
+class VariantCache {
+ public:
+  explicit VariantCache(VariantCacheConfig config = {}) : config_(config) { config_.validate(); }
+
+  [[nodiscard]] const VariantCacheConfig& config() const noexcept { return config_; }
+  [[nodiscard]] std::int64_t capacity() const noexcept { return config_.capacity(); }
+  [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  // Number of distinct chunks with at least one variant.
+  [[nodiscard]] std::int64_t num_chunks() const noexcept { return static_cast<std::int64_t>(chunks_.size()); }
+  [[nodiscard]] bool contains(std::uint64_t chunk) const { return chunks_.contains(chunk); }
+
+  // Adds a variant of profile.chunk_id computed behind profile.stored_prefix whose KV is stored under `kv`.
+  VariantInsertResult insert(ChunkProfile profile, KVKey kv) {
+    profile.validate();
+    VariantInsertResult result;
+    if (const auto it = chunks_.find(profile.chunk_id); it != chunks_.end()) {
+      detail::require(it->second.front().profile.size == profile.size,
+                      "VariantCache::insert: chunk {:#x} has {} tokens but its stored variants have {}",
+                      profile.chunk_id, profile.size, it->second.front().profile.size);
+      for (const VariantEntry& v : it->second) {
+        if (v.profile.stored_prefix == profile.stored_prefix) {
+          result.variant_id = v.id;
+          return result;
+        }
+      }
+    }
+    detail::require(!kv_keys_.contains(kv), "VariantCache::insert: KVKey {{model {:#x}, content {:#x}}} is already "
+                    "stored for another variant", kv.model, kv.content);
+    const std::uint64_t chunk = profile.chunk_id;
+    if (config_.cap_variants_per_chunk && chunks_.contains(chunk) &&
+        static_cast<std::int64_t>(chunks_.at(chunk).size()) >= config_.variants_per_chunk) {
+      result.evicted.push_back(evict(chunk));
+    } else if (size_ >= capacity()) {
+      result.evicted.push_back(evict(victim_chunk()));
+    }
+    VariantEntry entry;
+    entry.id = next_id_++;
+    entry.profile = std::move(profile);
+    entry.kv = kv;
+    result.inserted = true;
+    result.variant_id = entry.id;
+    kv_keys_.insert(kv);
+    chunks_[chunk].push_back(std::move(entry));
+    ++size_;
+    return result;
+  }
+
+  // The variant of `chunk` with the lowest CFO behind `current_prefix` (ids of the chunks before it in the
+  // new prompt, in order); nullopt when the chunk has no variant. Does not change f_r.
+  [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk,
+                                                 std::span<const std::uint64_t> current_prefix) const {
+    const auto it = chunks_.find(chunk);
+    if (it == chunks_.end()) return std::nullopt;
+    auto [index, score] = choose(it->second, current_prefix);
+    const VariantEntry& v = it->second[index];
+    return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
+  }
+
+  // best(), and records the access: f_r += 1/CFO of the chosen variant (capped, section 3.3).
+  std::optional<VariantMatch> lookup(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix) {
+    const auto it = chunks_.find(chunk);
+    if (it == chunks_.end()) return std::nullopt;
+    auto [index, score] = choose(it->second, current_prefix);
+    VariantEntry& v = it->second[index];
+    v.reuse_frequency += reuse_frequency_increment(score.cfo, config_.max_reuse_bonus);
+    return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
+  }
+
+  // Every stored variant, by id (insertion order).
+  [[nodiscard]] std::vector<VariantEntry> entries() const {
+    std::vector<VariantEntry> out;
+    out.reserve(static_cast<std::size_t>(size_));
+    for (const auto& [chunk, variants] : chunks_) out.insert(out.end(), variants.begin(), variants.end());
+    std::sort(out.begin(), out.end(), [](const VariantEntry& x, const VariantEntry& y) { return x.id < y.id; });
+    return out;
+  }
+
+  // The variants of one chunk, by id; empty when it has none.
+  [[nodiscard]] std::vector<VariantEntry> variants(std::uint64_t chunk) const {
+    const auto it = chunks_.find(chunk);
+    return it == chunks_.end() ? std::vector<VariantEntry>{} : it->second;
+  }
+
+ private:
+  // Eviction order: lowest f_r, then oldest.
+  static bool evict_before(const VariantEntry& x, const VariantEntry& y) noexcept {
+    return x.reuse_frequency < y.reuse_frequency || (x.reuse_frequency == y.reuse_frequency && x.id < y.id);
+  }
+
+  // Index and score of the lowest-CFO variant among a chunk's (non-empty, id-ordered) variants; a strict '<'
+  // leaves CFO ties with the oldest.
+  std::pair<std::size_t, ChunkScore> choose(const std::vector<VariantEntry>& variants,
+                                            std::span<const std::uint64_t> current_prefix) const {
+    std::pair<std::size_t, ChunkScore> out{0,
+                                           detail::score_profile(variants[0].profile, current_prefix, config_.alpha)};
+    for (std::size_t k = 1; k < variants.size(); ++k) {
+      ChunkScore s = detail::score_profile(variants[k].profile, current_prefix, config_.alpha);
+      if (s.cfo < out.second.cfo) out = {k, std::move(s)};
+    }
+    return out;
+  }
+
+  // The chunk that holds the global eviction victim.
+  [[nodiscard]] std::uint64_t victim_chunk() const {
+    const VariantEntry* victim = nullptr;
+    for (const auto& [chunk, variants] : chunks_)
+      for (const VariantEntry& v : variants)
+        if (victim == nullptr || evict_before(v, *victim)) victim = &v;
+    return victim->profile.chunk_id;
+  }
+
+  // Removes and returns the eviction victim among the variants of `chunk`.
+  VariantEntry evict(std::uint64_t chunk) {
+    auto& variants = chunks_.at(chunk);
+    const auto it = std::min_element(variants.begin(), variants.end(), evict_before);
+    VariantEntry out = std::move(*it);
+    variants.erase(it);
+    if (variants.empty()) chunks_.erase(chunk);
+    kv_keys_.erase(out.kv);
+    --size_;
+    return out;
+  }
+
+  VariantCacheConfig config_;
+  std::unordered_map<std::uint64_t, std::vector<VariantEntry>> chunks_;  // each vector in id order
+  std::unordered_set<KVKey, KVKeyHash> kv_keys_;
+  std::int64_t size_ = 0;
+  std::uint64_t next_id_ = 0;
+};
+
+}  // namespace kvfuse
