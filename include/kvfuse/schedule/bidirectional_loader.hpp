@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -101,6 +102,8 @@ struct LoaderTrace {
 
 namespace detail {
 
+inline constexpr double kNoFetch = std::numeric_limits<double>::quiet_NaN();
+
 // The shared state machine of Cake's two workers: c = computed prefix end, l = loaded suffix begin.
 // Drivers (virtual time, threads) ask it what to start and tell it what finished.
 class CakeRace {
@@ -128,8 +131,9 @@ class CakeRace {
   // blocked: load-only, nothing to compute unless a load fails. done: every token is resident.
   enum class Decision { start, wait, blocked, done };
 
-  // Next compute chunk at `now`, given the fetch in flight (if any) started at `fetch_start`.
-  [[nodiscard]] Decision decide_compute(double now, std::optional<double> fetch_start, TokenRange& out) {
+  // Next compute chunk at `now`; `fetch_start` is when the fetch in flight started, NaN if none.
+  // (A plain double: GCC 12 warns falsely on std::optional<double> here at -O2.)
+  [[nodiscard]] Decision decide_compute(double now, double fetch_start, TokenRange& out) {
     if (covered()) return Decision::done;
     if (compute_limit_ >= 0 && c_ >= compute_limit_) return Decision::blocked;
     const std::int64_t grid_end = (c_ / cfg_.compute_chunk + 1) * cfg_.compute_chunk;
@@ -255,16 +259,15 @@ class CakeRace {
   }
 
   // When the loads will have covered down to `pos`; pessimistic once a fetch overruns its prediction.
-  [[nodiscard]] std::optional<double> predict_loads_reach_s(double now, std::optional<double> fetch_start,
-                                                            std::int64_t pos) const {
+  [[nodiscard]] std::optional<double> predict_loads_reach_s(double now, double fetch_start, std::int64_t pos) const {
     double d = observed_fetch_s_ > 0 ? observed_fetch_s_ : est_.fetch_chunk_s;
     if (d <= 0) return std::nullopt;
     std::int64_t boundary = l_;
     double t = now;
-    if (fetch_start) {
-      const double elapsed = now - *fetch_start;
+    if (!std::isnan(fetch_start)) {
+      const double elapsed = now - fetch_start;
       if (elapsed > d) d = elapsed;  // overrunning: assume it takes as long again
-      t = *fetch_start + d;
+      t = fetch_start + d;
       if (t <= now) t = now + d;
       boundary = ((l_ - 1) / cfg_.fetch_chunk) * cfg_.fetch_chunk;
     }
@@ -330,9 +333,10 @@ class BidirectionalLoader {
 
  private:
   struct InFlight {
-    TokenRange range;
-    double start;
-    double end;
+    TokenRange range{};
+    double start = 0;
+    double end = 0;
+    bool active = false;
   };
 
   [[nodiscard]] KVKey key_of(const std::vector<KVKey>& keys, TokenRange r) const {
@@ -358,30 +362,29 @@ class BidirectionalLoader {
 
   LoaderTrace run_virtual(detail::CakeRace& race, Compute& compute, Store& store, const std::vector<KVKey>& keys,
                           std::int64_t n, std::int64_t stored) const {
+    constexpr double never = std::numeric_limits<double>::infinity();
     double now = 0;
-    std::optional<InFlight> comp, io;
+    InFlight comp, io;  // `active` says whether each side has a step in flight
     std::map<std::int64_t, KVBlock> loaded;
-    std::optional<double> recheck;
-    for (;;) {
-      if (race.covered()) break;
-      if (!io) {
+    while (!race.covered()) {
+      if (!io.active) {
         if (auto r = race.next_fetch()) {
           std::string why;
           if (auto block = fetch(store, key_of(keys, *r), *r, why)) {
             loaded[r->begin] = std::move(*block);
-            io = InFlight{*r, now, store.load_finish_s(key_of(keys, *r), r->size(), now)};
+            io = {*r, now, store.load_finish_s(key_of(keys, *r), r->size(), now), true};
           } else {
             race.fetch_failed(*r, now, now, why);
           }
         }
       }
-      recheck.reset();
-      if (!comp) {
+      double recheck = never;
+      if (!comp.active) {
         TokenRange r;
-        switch (race.decide_compute(now, io ? std::optional<double>(io->start) : std::nullopt, r)) {
+        switch (race.decide_compute(now, io.active ? io.start : detail::kNoFetch, r)) {
           case detail::CakeRace::Decision::start:
             race.compute_started(now);
-            comp = InFlight{r, now, compute.compute_finish_s(r, now)};
+            comp = {r, now, compute.compute_finish_s(r, now), true};
             break;
           case detail::CakeRace::Decision::wait:
             // Re-decide when the fetch ends or, at the latest, when the idle budget runs out.
@@ -392,29 +395,26 @@ class BidirectionalLoader {
             break;
         }
       }
-      detail::require(comp || io || recheck, "BidirectionalLoader: no progress possible at t = {} s", now);
-      double next = std::numeric_limits<double>::infinity();
-      if (comp) next = std::min(next, comp->end);
-      if (io) next = std::min(next, io->end);
-      if (recheck) next = std::min(next, *recheck);
+      const double next = std::min({comp.active ? comp.end : never, io.active ? io.end : never, recheck});
+      detail::require(next < never, "BidirectionalLoader: no progress possible at t = {} s", now);
       now = next;
-      if (comp && comp->end <= now) {
-        compute.compute_kv(comp->range);
-        race.compute_done(comp->range, comp->start, comp->end);
-        comp.reset();
+      if (comp.active && comp.end <= now) {
+        compute.compute_kv(comp.range);
+        race.compute_done(comp.range, comp.start, comp.end);
+        comp.active = false;
       }
-      if (io && io->end <= now) {
-        race.fetch_done(io->range, io->start, io->end);
-        io.reset();
+      if (io.active && io.end <= now) {
+        race.fetch_done(io.range, io.start, io.end);
+        io.active = false;
       }
     }
     // Loads still in flight are abandoned; a compute chunk in flight keeps the GPU until it ends.
-    if (io) race.fetch_abandoned(io->range, io->start, now);
+    if (io.active) race.fetch_abandoned(io.range, io.start, now);
     double gpu_free = now;
-    if (comp) {
-      compute.compute_kv(comp->range);
-      race.compute_done(comp->range, comp->start, comp->end);
-      gpu_free = comp->end;
+    if (comp.active) {
+      compute.compute_kv(comp.range);
+      race.compute_done(comp.range, comp.start, comp.end);
+      gpu_free = comp.end;
     }
     install(race, compute, loaded);
     // Tokens after the stored prefix: plain chunked prefill.
@@ -437,7 +437,7 @@ class BidirectionalLoader {
 
     std::mutex m;
     std::condition_variable cv;
-    std::optional<double> fetch_start;
+    double fetch_start = detail::kNoFetch;
     std::map<std::int64_t, KVBlock> loaded;
     std::exception_ptr compute_error;
 
@@ -456,7 +456,7 @@ class BidirectionalLoader {
           why = fmt::format("loading tokens {} failed: {}", *r, e.what());
         }
         lock.lock();
-        fetch_start.reset();
+        fetch_start = detail::kNoFetch;
         if (block) {
           loaded[r->begin] = std::move(*block);
           race.fetch_done(*r, start, since());
