@@ -1,18 +1,70 @@
-// Static tests: every backend model satisfies its concept, and non-models are rejected.
+// Static tests: every backend model satisfies its concept, near-misses are rejected, and the umbrella
+// header compiles on its own. Building this file is the test.
 #include "kvfuse/kvfuse.hpp"
 
 namespace {
-struct NotAStore {
-  int get() { return 0; }
+
+// The smallest engine-side models, as an engine would write them.
+struct MinimalCompute {
+  std::uint64_t model_fingerprint() const { return 1; }
+  void compute_kv(kvfuse::TokenRange) {}
+  void install_kv(kvfuse::TokenRange, const kvfuse::KVBlock&) {}
 };
-struct NotACompute {
+struct MinimalStore {
+  bool contains(const kvfuse::KVKey&) const { return false; }
+  std::optional<kvfuse::KVBlock> get(const kvfuse::KVKey&) { return std::nullopt; }
+  void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
+  bool erase(const kvfuse::KVKey&) { return false; }
+};
+
+// Near-misses.
+struct ComputeWithoutInstall {
+  std::uint64_t model_fingerprint() const { return 1; }
   void compute_kv(kvfuse::TokenRange) {}
 };
+struct ComputeWithMutableFingerprint {  // model_fingerprint must be callable on a const backend
+  std::uint64_t model_fingerprint() { return 1; }
+  void compute_kv(kvfuse::TokenRange) {}
+  void install_kv(kvfuse::TokenRange, const kvfuse::KVBlock&) {}
+};
+struct StoreReturningPointer {  // get must return std::optional<KVBlock>
+  bool contains(const kvfuse::KVKey&) const { return false; }
+  const kvfuse::KVBlock* get(const kvfuse::KVKey&) { return nullptr; }
+  void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
+  bool erase(const kvfuse::KVKey&) { return false; }
+};
+struct StoreWithoutErase {
+  bool contains(const kvfuse::KVKey&) const { return false; }
+  std::optional<kvfuse::KVBlock> get(const kvfuse::KVKey&) { return std::nullopt; }
+  void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
+};
+
 }  // namespace
 
+// Models shipped with kvfuse.
 static_assert(kvfuse::KVStore<kvfuse::InMemoryKVStore>);
-static_assert(!kvfuse::KVStore<NotAStore>);
-static_assert(!kvfuse::ComputeBackend<NotACompute>);
-static_assert(!kvfuse::CostModeledStore<kvfuse::InMemoryKVStore>);
+static_assert(kvfuse::ComputeBackend<kvfuse::SimulatedCompute>);
+static_assert(kvfuse::CostModeledCompute<kvfuse::SimulatedCompute>);
+static_assert(kvfuse::KVStore<kvfuse::SimulatedStore>);
+static_assert(kvfuse::CostModeledStore<kvfuse::SimulatedStore>);
+
+// Engine-side models and near-misses.
+static_assert(kvfuse::ComputeBackend<MinimalCompute> && !kvfuse::CostModeledCompute<MinimalCompute>);
+static_assert(kvfuse::KVStore<MinimalStore> && !kvfuse::CostModeledStore<MinimalStore>);
+static_assert(!kvfuse::ComputeBackend<ComputeWithoutInstall>);
+static_assert(!kvfuse::ComputeBackend<ComputeWithMutableFingerprint>);
+static_assert(!kvfuse::KVStore<StoreReturningPointer>);
+static_assert(!kvfuse::KVStore<StoreWithoutErase>);
+static_assert(!kvfuse::KVStore<kvfuse::SimulatedCompute>);
+static_assert(!kvfuse::ComputeBackend<kvfuse::InMemoryKVStore>);
+
+// The loader accepts any pair of models: real threads for plain models, virtual time for cost-modelled ones.
+static_assert(sizeof(kvfuse::BidirectionalLoader<MinimalCompute, MinimalStore>) > 0);
+static_assert(sizeof(kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>) > 0);
+
+// Vocabulary types are plain values.
+static_assert(std::is_trivially_copyable_v<kvfuse::TokenRange>);
+static_assert(std::is_trivially_copyable_v<kvfuse::KVKey>);
+static_assert(kvfuse::TokenRange{2, 5}.size() == 3 && kvfuse::TokenRange{5, 5}.empty());
 
 int main() { return 0; }
