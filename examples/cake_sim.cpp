@@ -131,7 +131,7 @@ int main(int argc, char** argv) try {
     }
     kvfuse::LoaderConfig cfg{o.compute_chunk, o.fetch_chunk, mode};
     kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::SimulatedStore> loader(cfg, est);
-    return std::pair{loader.run(compute, store, tokens), kvfuse::best_static_split(compute, store, o.seq_len,
+    return std::pair{loader.run(compute, store, tokens), kvfuse::best_static_split(compute, store, tokens,
                                                                                    o.seq_len, cfg)};
   };
 

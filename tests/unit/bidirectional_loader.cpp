@@ -76,7 +76,7 @@ TEST_CASE("Algorithm 1: compute from the front, load from the back, meet in the 
     CHECK(t.steps[3].tokens == TokenRange{4, 6});
     CHECK(t.steps[3].start_s == doctest::Approx(1.0));
   }
-  const StaticSplit oracle = best_static_split(compute, store, 8, 8, LoaderConfig{2, 2});
+  const StaticSplit oracle = best_static_split(compute, store, tokens, 8, LoaderConfig{2, 2});
   CHECK(oracle.split == 4);
   CHECK(oracle.ready_s == doctest::Approx(2.0));
 }
@@ -142,9 +142,14 @@ TEST_CASE("only the stored prefix is loaded; the rest is computed after the meet
   const SimLoader loader({2, 2, LoaderMode::bidirectional});
   CHECK(loader.stored_prefix(sim.compute, sim.store, tokens) == 6);
   const LoaderTrace t = loader.run(sim.compute, sim.store, tokens);
+  // t=0: compute [0,2), fetch [4,6). t=1: compute [2,4), fetch [2,4). t=2: both reach 4 / 2 -> covered,
+  // meeting at 4 (the fetch of [2,4) was redundant). Then [6,8), [8,10) are computed: ready at 4.
   CHECK(t.stored_tokens == 6);
-  CHECK(t.computed_tokens + t.loaded_tokens == 10);
-  CHECK(t.computed_tokens >= 4);
+  CHECK(t.meet_token == 4);
+  CHECK(t.loaded_tokens == 2);
+  CHECK(t.computed_tokens == 8);
+  CHECK(t.cover_s == doctest::Approx(2.0));
+  CHECK(t.ready_s == doctest::Approx(4.0));
   CHECK(sim.compute.resident_prefix() == 10);
 
   SUBCASE("a different model's entries are not a hit") {
@@ -199,7 +204,7 @@ TEST_CASE("edge cases: empty prompt, nothing stored, one-token chunks") {
 TEST_CASE("bad configuration is refused with the value named") {
   CHECK_THROWS_WITH_AS(SimLoader({0, 128}), doctest::Contains("compute_chunk = 0"), error);
   CHECK_THROWS_WITH_AS(SimLoader({512, -3}), doctest::Contains("fetch_chunk = -3"), error);
-  CHECK_THROWS_WITH_AS(SimLoader({}, {-1.0, 0, 0}), doctest::Contains("a = -1"), error);
+  CHECK_THROWS_WITH_AS(SimLoader({}, {-1.0, 0, 0}), doctest::Contains("a_s = -1"), error);
 }
 
 namespace {
@@ -257,11 +262,23 @@ TEST_CASE("never slower than the best single resource by more than one chunk; cl
       store_prefix(store, compute.model_fingerprint(), tokens, fetch_chunk, static_cast<std::size_t>(n));
       const LoaderTrace t = SimLoader({compute_chunk, fetch_chunk, mode}, est).run(compute, store, tokens);
       REQUIRE(compute.resident_prefix() == n);
-      return std::pair{t, best_static_split(compute, store, n, n, {compute_chunk, fetch_chunk})};
+      return std::pair{t, best_static_split(compute, store, tokens, n, {compute_chunk, fetch_chunk})};
     };
     const auto [cake, oracle] = run(LoaderMode::adaptive);
     const double c_only = run(LoaderMode::compute_only).first.ready_s;
     const double l_only = run(LoaderMode::load_only).first.ready_s;
+    // The baselines against closed forms: compute-only = sum over chunks of (a + b i) * size / C / share,
+    // load-only = one fetch per fetch chunk, sized, back to back.
+    double c_expected = 0;
+    for (std::int64_t b0 = 0; b0 < n; b0 += compute_chunk)
+      c_expected += (a + b * static_cast<double>(b0 / compute_chunk)) *
+                    static_cast<double>(std::min(compute_chunk, n - b0)) / static_cast<double>(compute_chunk) / share;
+    double l_expected = 0;
+    for (std::int64_t b0 = 0; b0 < n; b0 += fetch_chunk)
+      l_expected += latency + static_cast<double>(std::min(fetch_chunk, n - b0) * kv_bytes) * 8 / (gbps * 1e9);
+    CHECK(c_only == doctest::Approx(c_expected).epsilon(1e-9));
+    CHECK(l_only == doctest::Approx(l_expected).epsilon(1e-9));
+    CHECK(oracle.ready_s <= std::min(c_only, l_only) * (1 + 1e-12));
     const double last_chunk = (a + b * static_cast<double>((n - 1) / compute_chunk)) / share;
     const double fetch = est.fetch_chunk_s;
     const double one_chunk = std::max(last_chunk, fetch);
@@ -412,7 +429,7 @@ TEST_CASE("the guarantee holds under time-varying GPU share and bandwidth") {
       store_prefix(store, compute.model_fingerprint(), tokens, fetch_chunk, static_cast<std::size_t>(n));
       LoaderTrace result = SimLoader({compute_chunk, fetch_chunk, mode}, est).run(compute, store, tokens);
       REQUIRE(compute.resident_prefix() == n);
-      return std::pair{result, best_static_split(compute, store, n, n, {compute_chunk, fetch_chunk})};
+      return std::pair{result, best_static_split(compute, store, tokens, n, {compute_chunk, fetch_chunk})};
     };
     const auto [cake, oracle] = run(LoaderMode::adaptive);
     const LoaderTrace c_only = run(LoaderMode::compute_only).first;
@@ -424,4 +441,26 @@ TEST_CASE("the guarantee holds under time-varying GPU share and bandwidth") {
     CHECK(cake.ready_s <= std::min(c_only.ready_s, l_only.ready_s) + one_chunk + 1e-9);
     CHECK(cake.ready_s <= 1.02 * oracle.ready_s + one_chunk + 1e-9);
   }
+}
+
+TEST_CASE("CakeRace: after one wait, the idle budget left still gates later chunks") {
+  // Compute chunk (4 tokens) estimated 10 s, fetch (4 tokens) 1 s; 16 stored tokens.
+  detail::CakeRace race({4, 4, LoaderMode::adaptive}, {10.0, 0.0, 1.0}, 16, 16);
+  TokenRange r;
+  REQUIRE(race.next_fetch() == TokenRange{12, 16});
+  // t=0: loads predicted to reach 0 at 1 + 3 = 4 s, compute [0,4) at 10 s: wait (budget 10 s).
+  CHECK(race.decide_compute(0.0, 0.0, r) == detail::CakeRace::Decision::wait);
+  // t=4: the fetch overran (4 s so far), assume 4 s each: reach 0 at 8 + 12 = 20 s > 14 s: start.
+  CHECK(race.decide_compute(4.0, 0.0, r) == detail::CakeRace::Decision::start);
+  race.compute_started(4.0);  // 4 s of the 10 s budget used
+  race.fetch_done({12, 16}, 0.0, 5.0);
+  race.fetch_done({8, 12}, 5.0, 6.0);
+  race.compute_done({0, 4}, 4.0, 14.0);
+  // t=14: [4,8) would end at 24 s; the fetch of [4,8) in flight since 13.5 s ends at 14.5 s: wait.
+  CHECK(race.decide_compute(14.0, 13.5, r) == detail::CakeRace::Decision::wait);
+  CHECK(r == TokenRange{4, 8});
+  CHECK(race.idle_deadline() == doctest::Approx(20.0));  // 6 s of budget left
+  // The budget runs out at 20 s: from then on the compute side starts regardless.
+  CHECK(race.decide_compute(19.9, 13.5, r) == detail::CakeRace::Decision::wait);
+  CHECK(race.decide_compute(20.0, 13.5, r) == detail::CakeRace::Decision::start);
 }

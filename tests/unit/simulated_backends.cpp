@@ -10,7 +10,7 @@ TEST_CASE("ComputeCostModel: chunk i costs a + b*i, partial chunks their token f
   // [2,9): chunk 0 half (1 * 2/4 = 0.5) + chunk 1 whole (1 + 2 = 3) + chunk 2 quarter ((1 + 4) / 4 = 1.25).
   CHECK(cost.work_s({2, 9}) == doctest::Approx(4.75));
   CHECK(cost.work_s({0, 0}) == 0.0);
-  CHECK_THROWS_WITH_AS(ComputeCostModel({-1.0, 0, 4}).validate(), doctest::Contains("a = -1"), error);
+  CHECK_THROWS_WITH_AS(ComputeCostModel({-1.0, 0, 4}).validate(), doctest::Contains("a_s = -1"), error);
   CHECK_THROWS_WITH_AS(ComputeCostModel({1.0, 0, 0}).validate(), doctest::Contains("chunk_tokens = 0"), error);
 }
 

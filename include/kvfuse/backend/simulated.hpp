@@ -10,6 +10,7 @@
 //   loading n tokens takes latency + n · kv_bytes_per_token · 8 / bandwidth seconds.
 // Both rates may vary over time: a ResourceTrace is a step function of (gpu share, bandwidth).
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -84,20 +85,14 @@ class ResourceTrace {
   }
 
   [[nodiscard]] const std::vector<TracePoint>& points() const noexcept { return points_; }
-  [[nodiscard]] const TracePoint& at(double t_s) const noexcept {
-    std::size_t i = 0;
-    while (i + 1 < points_.size() && points_[i + 1].t_s <= t_s) ++i;
-    return points_[i];
-  }
+  [[nodiscard]] const TracePoint& at(double t_s) const noexcept { return points_[segment(t_s)]; }
 
   // When `work` units are done if work starts at `start_s` and proceeds at rate(point) units/s.
   template <class Rate>
   [[nodiscard]] double finish(double start_s, double work, Rate rate) const {
     double t = start_s;
     if (work <= 0) return t;
-    std::size_t i = 0;
-    while (i + 1 < points_.size() && points_[i + 1].t_s <= t) ++i;
-    for (;; ++i) {
+    for (std::size_t i = segment(t);; ++i) {
       const double r = rate(points_[i]);
       const double seg_end = i + 1 < points_.size() ? points_[i + 1].t_s : std::numeric_limits<double>::infinity();
       if (r > 0 && work <= r * (seg_end - t)) return t + work / r;
@@ -109,6 +104,13 @@ class ResourceTrace {
   }
 
  private:
+  // Index of the point whose step contains t_s.
+  [[nodiscard]] std::size_t segment(double t_s) const noexcept {
+    const auto after = std::upper_bound(points_.begin() + 1, points_.end(), t_s,
+                                        [](double t, const TracePoint& p) { return t < p.t_s; });
+    return static_cast<std::size_t>(after - points_.begin()) - 1;
+  }
+
   std::vector<TracePoint> points_;
 };
 
@@ -119,8 +121,8 @@ struct ComputeCostModel {
   std::int64_t chunk_tokens = 512;
 
   void validate() const {
-    detail::require(std::isfinite(a_s) && a_s >= 0, "ComputeCostModel: a = {} s must be >= 0", a_s);
-    detail::require(std::isfinite(b_s) && b_s >= 0, "ComputeCostModel: b = {} s must be >= 0", b_s);
+    detail::require_finite_nonneg(a_s, "ComputeCostModel: a_s");
+    detail::require_finite_nonneg(b_s, "ComputeCostModel: b_s");
     detail::require(a_s + b_s > 0, "ComputeCostModel: a = b = 0 would make compute free");
     detail::require(chunk_tokens > 0, "ComputeCostModel: chunk_tokens = {} must be > 0", chunk_tokens);
   }
@@ -130,10 +132,10 @@ struct ComputeCostModel {
   [[nodiscard]] double work_s(TokenRange r) const {
     double w = 0;
     for (std::int64_t b = r.begin; b < r.end;) {
-      const std::int64_t i = b / chunk_tokens;
-      const std::int64_t e = std::min(r.end, (i + 1) * chunk_tokens);
-      w += (a_s + b_s * static_cast<double>(i)) * static_cast<double>(e - b) / static_cast<double>(chunk_tokens);
-      b = e;
+      const TokenRange piece = grid_chunk(b, r.end, chunk_tokens);
+      const auto i = static_cast<double>(b / chunk_tokens);
+      w += (a_s + b_s * i) * static_cast<double>(piece.size()) / static_cast<double>(chunk_tokens);
+      b = piece.end;
     }
     return w;
   }
@@ -168,11 +170,7 @@ class SimulatedCompute {
   }
 
   // Length of the longest resident prefix [0, n).
-  [[nodiscard]] std::int64_t resident_prefix() const noexcept {
-    std::int64_t n = 0;
-    while (static_cast<std::size_t>(n) < resident_.size() && resident_[static_cast<std::size_t>(n)]) ++n;
-    return n;
-  }
+  [[nodiscard]] std::int64_t resident_prefix() const noexcept { return prefix_; }
 
   [[nodiscard]] const ComputeCostModel& cost() const noexcept { return cost_; }
   [[nodiscard]] const ResourceTrace& trace() const noexcept { return trace_; }
@@ -181,12 +179,15 @@ class SimulatedCompute {
   void mark(TokenRange r) {
     if (resident_.size() < static_cast<std::size_t>(r.end)) resident_.resize(static_cast<std::size_t>(r.end), false);
     for (std::int64_t t = r.begin; t < r.end; ++t) resident_[static_cast<std::size_t>(t)] = true;
+    while (static_cast<std::size_t>(prefix_) < resident_.size() && resident_[static_cast<std::size_t>(prefix_)])
+      ++prefix_;
   }
 
   ComputeCostModel cost_;
   ResourceTrace trace_;
   std::uint64_t model_;
   std::vector<bool> resident_;
+  std::int64_t prefix_ = 0;  // resident_prefix(), kept up to date by mark()
 };
 
 struct LinkCostModel {
@@ -194,7 +195,7 @@ struct LinkCostModel {
   std::int64_t kv_bytes_per_token = 0;
 
   void validate() const {
-    detail::require(std::isfinite(latency_s) && latency_s >= 0, "LinkCostModel: latency {} s must be >= 0", latency_s);
+    detail::require_finite_nonneg(latency_s, "LinkCostModel: latency_s");
     detail::require(kv_bytes_per_token > 0, "LinkCostModel: kv_bytes_per_token = {} must be > 0", kv_bytes_per_token);
   }
 };

@@ -1,8 +1,10 @@
 #pragma once
 // kvfuse::error: the one exception type host code throws. Messages name the bad value.
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -20,6 +22,11 @@ namespace detail {
 template <class... Args>
 void require(bool ok, fmt::format_string<Args...> message, Args&&... args) {
   if (!ok) throw error(fmt::format(message, std::forward<Args>(args)...));
+}
+
+// Throws unless `value` is finite and >= 0; `what` names the value (e.g. "LoaderEstimate: fetch_chunk_s").
+inline void require_finite_nonneg(double value, std::string_view what) {
+  require(std::isfinite(value) && value >= 0, "{} = {} must be finite and >= 0", what, value);
 }
 
 }  // namespace detail

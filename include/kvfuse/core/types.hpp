@@ -33,6 +33,12 @@ inline void validate_range(TokenRange r, std::int64_t n, const char* what) {
                   "{}: token range [{}, {}) is not inside [0, {})", what, r.begin, r.end, n);
 }
 
+// The piece of [begin, end) that starts at `begin` and ends at the next multiple of `chunk` (or `end`):
+// walking a range on a fixed chunk grid, as chunked prefill and prefix caches do.
+[[nodiscard]] constexpr TokenRange grid_chunk(std::int64_t begin, std::int64_t end, std::int64_t chunk) noexcept {
+  return {begin, std::min(end, (begin / chunk + 1) * chunk)};
+}
+
 // Key of a stored KV entry: which model produced it and which token content it covers.
 // `content` is a content hash (chunk hash, or chained prefix hash for prefix caches).
 struct KVKey {

@@ -60,6 +60,9 @@ struct LoaderConfig {
   void validate() const {
     detail::require(compute_chunk > 0, "LoaderConfig: compute_chunk = {} must be > 0", compute_chunk);
     detail::require(fetch_chunk > 0, "LoaderConfig: fetch_chunk = {} must be > 0", fetch_chunk);
+    const auto m = static_cast<int>(mode);
+    detail::require(m >= 0 && m <= static_cast<int>(LoaderMode::load_only), "LoaderConfig: mode = {} is not a LoaderMode",
+                    m);
   }
 };
 
@@ -71,9 +74,9 @@ struct LoaderEstimate {
   double fetch_chunk_s = 0;  // one fetch chunk, latency included
 
   void validate() const {
-    detail::require(compute_a_s >= 0 && compute_b_s >= 0 && fetch_chunk_s >= 0,
-                    "LoaderEstimate: negative estimate (a = {}, b = {}, fetch = {})", compute_a_s, compute_b_s,
-                    fetch_chunk_s);
+    detail::require_finite_nonneg(compute_a_s, "LoaderEstimate: compute_a_s");
+    detail::require_finite_nonneg(compute_b_s, "LoaderEstimate: compute_b_s");
+    detail::require_finite_nonneg(fetch_chunk_s, "LoaderEstimate: fetch_chunk_s");
   }
 };
 
@@ -136,8 +139,7 @@ class CakeRace {
   [[nodiscard]] Decision decide_compute(double now, double fetch_start, TokenRange& out) {
     if (covered()) return Decision::done;
     if (compute_limit_ >= 0 && c_ >= compute_limit_) return Decision::blocked;
-    const std::int64_t grid_end = (c_ / cfg_.compute_chunk + 1) * cfg_.compute_chunk;
-    out = {c_, std::min(grid_end, l_)};
+    out = grid_chunk(c_, l_, cfg_.compute_chunk);
     if (cfg_.mode != LoaderMode::adaptive || !loads_enabled_ || idle_budget_spent(now)) return Decision::start;
     const std::optional<double> f = predict_compute_s(out);
     const std::optional<double> reach = predict_loads_reach_s(now, fetch_start, out.begin);
@@ -150,7 +152,7 @@ class CakeRace {
     return Decision::wait;
   }
 
-  // When the compute side must start regardless of predictions (its idle budget is spent).
+  // While waiting: when the compute side must start regardless of predictions (its idle budget is spent).
   [[nodiscard]] double idle_deadline() const noexcept {
     return (idle_since_ ? *idle_since_ : 0.0) + idle_budget_s_ - idle_total_s_;
   }
@@ -221,8 +223,6 @@ class CakeRace {
     return std::move(trace_);
   }
 
-  [[nodiscard]] std::int64_t compute_chunk() const noexcept { return cfg_.compute_chunk; }
-
  private:
   struct Observation {
     std::int64_t chunk_index;
@@ -236,8 +236,11 @@ class CakeRace {
     }
   }
 
+  // Idle time so far (including the current wait) has reached the budget. While waiting this is
+  // now >= idle_deadline(), the very expression the virtual driver rechecks at, so it cannot miss by rounding.
   [[nodiscard]] bool idle_budget_spent(double now) const {
-    return idle_budget_s_ > 0 && now >= idle_deadline();
+    if (idle_budget_s_ <= 0) return false;
+    return idle_since_ ? now >= idle_deadline() : idle_total_s_ >= idle_budget_s_;
   }
 
   [[nodiscard]] double chunk_cost(std::int64_t i) const {
@@ -316,7 +319,9 @@ class BidirectionalLoader {
   }
 
   // Makes the KV of every token of `tokens` resident in `compute`. Virtual time when both backends are
-  // cost-modelled, otherwise two real threads and the steady clock (times relative to the call).
+  // cost-modelled, otherwise two real threads and the steady clock (times relative to the call). With real
+  // threads a fetch still in flight at the meeting point cannot be cancelled (KVStore::get blocks): run()
+  // joins it, so ready_s includes its rest; cover_s is the meeting time.
   LoaderTrace run(Compute& compute, Store& store, std::span<const token_id> tokens) const {
     const auto n = static_cast<std::int64_t>(tokens.size());
     const std::int64_t stored = stored_prefix(compute, store, tokens);
@@ -419,7 +424,7 @@ class BidirectionalLoader {
     install(race, compute, loaded);
     // Tokens after the stored prefix: plain chunked prefill.
     for (std::int64_t b = stored; b < n;) {
-      const TokenRange r{b, std::min(n, (b / cfg_.compute_chunk + 1) * cfg_.compute_chunk)};
+      const TokenRange r = grid_chunk(b, n, cfg_.compute_chunk);
       const double end = compute.compute_finish_s(r, gpu_free);
       compute.compute_kv(r);
       race.compute_done(r, gpu_free, end);
@@ -454,6 +459,8 @@ class BidirectionalLoader {
           block = fetch(store, key, *r, why);
         } catch (const std::exception& e) {
           why = fmt::format("loading tokens {} failed: {}", *r, e.what());
+        } catch (...) {
+          why = fmt::format("loading tokens {} failed with a non-standard exception", *r);
         }
         lock.lock();
         fetch_start = detail::kNoFetch;
@@ -500,7 +507,7 @@ class BidirectionalLoader {
     if (compute_error) std::rethrow_exception(compute_error);
     install(race, compute, loaded);
     for (std::int64_t b = stored; b < n;) {
-      const TokenRange r{b, std::min(n, (b / cfg_.compute_chunk + 1) * cfg_.compute_chunk)};
+      const TokenRange r = grid_chunk(b, n, cfg_.compute_chunk);
       const double start = since();
       compute.compute_kv(r);
       race.compute_done(r, start, since());
@@ -522,14 +529,17 @@ struct StaticSplit {
 };
 
 template <CostModeledCompute Compute, CostModeledStore Store>
-[[nodiscard]] StaticSplit best_static_split(const Compute& compute, const Store& store, std::int64_t num_tokens,
-                                            std::int64_t stored, const LoaderConfig& cfg) {
+[[nodiscard]] StaticSplit best_static_split(const Compute& compute, const Store& store,
+                                            std::span<const token_id> tokens, std::int64_t stored,
+                                            const LoaderConfig& cfg) {
   cfg.validate();
+  const auto num_tokens = static_cast<std::int64_t>(tokens.size());
+  const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg.fetch_chunk);
   detail::require(0 <= stored && stored <= num_tokens, "best_static_split: stored prefix {} not in [0, {}]", stored,
                   num_tokens);
   auto compute_from = [&](std::int64_t begin, std::int64_t end, double t) {
     for (std::int64_t b = begin; b < end;) {
-      const TokenRange r{b, std::min(end, (b / cfg.compute_chunk + 1) * cfg.compute_chunk)};
+      const TokenRange r = grid_chunk(b, end, cfg.compute_chunk);
       t = compute.compute_finish_s(r, t);
       b = r.end;
     }
@@ -540,7 +550,7 @@ template <CostModeledCompute Compute, CostModeledStore Store>
     double load_end = 0;
     for (std::int64_t e = stored; e > s;) {
       const std::int64_t b = std::max(s, ((e - 1) / cfg.fetch_chunk) * cfg.fetch_chunk);
-      load_end = store.load_finish_s(KVKey{}, e - b, load_end);
+      load_end = store.load_finish_s(keys[static_cast<std::size_t>(b / cfg.fetch_chunk)], e - b, load_end);
       e = b;
     }
     const double ready = compute_from(stored, num_tokens, std::max(compute_from(0, s, 0.0), load_end));
