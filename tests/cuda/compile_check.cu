@@ -2,7 +2,9 @@
 // in this nvcc translation unit gives the value computed by hand. The kernel is compiled, not launched,
 // so this runs without a GPU.
 #include <cstdio>
+#include <string_view>
 
+#include "kvfuse/cuda/status.cuh"
 #include "kvfuse/detail/kv_deviation.hpp"
 
 namespace {
@@ -20,6 +22,11 @@ int main() {
   const float cached[4] = {0, 0, 3, 4};
   if (kvfuse::detail::kv_token_deviation(recomputed, cached, 4, 0, 2, 2) != 14.0f) {
     std::puts("host path of kv_token_deviation under nvcc is wrong");
+    return 1;
+  }
+  if (kvfuse::cuda::from_cuda(cudaErrorInvalidValue) != kvfuse::cuda::Status::cuda_error ||
+      std::string_view(kvfuse::cuda::status_string(kvfuse::cuda::Status::unsupported)) != "unsupported configuration") {
+    std::puts("kvfuse::cuda::Status mapping is wrong");
     return 1;
   }
   return 0;
