@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The main job, in one command on a fresh machine: installs what is missing, builds kvfuse-cake-sim,
+# and runs Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K
+# tokens, 800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
+# (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+bash scripts/deps.sh >/dev/null
+build=build/demo
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
+  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
+cmake --build "$build" --target kvfuse-cake-sim -j"$(nproc)" >/dev/null
+sim="$build/examples/kvfuse-cake-sim"
+
+echo "kvfuse-cake-sim: 16K tokens, 800 kB/token, compute chunk i = 71.14 + 0.242*i ms (H100 fit)"
+echo "one run, as JSON:"
+"$sim" --seq-len 16384 --kv-bytes-per-token 800000 --compute-ms 71.14,0.242 --bandwidth-gbps 32 --gpu-share 1
+echo
+printf '%-6s %-6s | %10s %10s %10s %10s %12s | %8s %8s | %s\n' share Gbps "cake ms" "compute" "io-only" \
+  "oracle" "cake(paper)" "vs io" "vs comp" "meet token"
+for share in 0.125 0.5 1; do
+  for bw in 7 25 32 56 100; do
+    json=$("$sim" --seq-len 16384 --kv-bytes-per-token 800000 --compute-ms 71.14,0.242 \
+      --bandwidth-gbps "$bw" --gpu-share "$share")
+    python3 - "$share" "$bw" "$json" <<'PY'
+import json, sys
+share, bw, j = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+t = j["ttft_ms"]
+print(f"{share:<6} {bw:<6} | {t['cake']:10.0f} {t['compute_only']:10.0f} {t['io_only']:10.0f} "
+      f"{t['oracle']:10.0f} {t['cake_paper']:12.0f} | {t['io_only']/t['cake']:7.2f}x {t['compute_only']/t['cake']:7.2f}x"
+      f" | {j['meet_token']}")
+PY
+  done
+done
+echo
+echo "Paper (Cake Table 3, H100) speedups vs io-only \\ vs compute-only are in docs/cake-simulation.md."
