@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/kvfuse.hpp"
 
 namespace {
@@ -90,7 +89,7 @@ int main() {
     std::vector<std::int64_t> rows(selected.size());
     std::iota(rows.begin(), rows.end(), 0);
     std::vector<float> deviation(selected.size());
-    kvfuse::detail::kv_deviation(recomputed, cached, width, heads, head_dim, rows, deviation);
+    kvfuse::kv_deviation(recomputed, cached, width, heads, head_dim, rows, deviation);
     selected = hkvd.select(l, selected, deviation);
   }
   fmt::print("CacheBlend: {} of {} tokens recomputed after the last check layer\n", selected.size(),

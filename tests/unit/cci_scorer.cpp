@@ -153,6 +153,24 @@ TEST_CASE("cci: beta' (eq. 8), CFO (eq. 12) and N = ceil(CFO |C|)") {
   CHECK(kvfuse::recompute_count(1.5, 10) == 10);     // alpha > 1 clipped to |C|
   CHECK(kvfuse::recompute_count(0.5, 0) == 0);       // empty chunk
   CHECK(kvfuse::recompute_count(0.5, 1) == 1);       // one-token chunk
+  // Any positive CFO · |C| needs at least one token, however small: ceil(1e-11) = 1, ceil(5e-10) = 1.
+  CHECK(kvfuse::recompute_count(1e-12, 10) == 1);
+  CHECK(kvfuse::recompute_count(5e-10, 1) == 1);
+  CHECK(kvfuse::recompute_count(std::numeric_limits<double>::denorm_min(), 1000) == 1);
+}
+
+TEST_CASE("cci: tolerant ceiling behind N = ceil(CFO |C|)") {
+  using kvfuse::detail::tolerant_ceil;
+  CHECK(tolerant_ceil(0.0) == 0.0);
+  CHECK(tolerant_ceil(3.0) == 3.0);
+  CHECK(tolerant_ceil(3.1) == 4.0);
+  CHECK(tolerant_ceil(0.1 * 3 * 10) == 3.0);        // 3.0000000000000004
+  CHECK(tolerant_ceil(1000.0000005) == 1000.0);      // 5e-7 above 1000 is within 1e-9 * 1000 = 1e-6
+  CHECK(tolerant_ceil(1000.000002) == 1001.0);       // 2e-6 above is not
+  CHECK(tolerant_ceil(1e-12) == 1.0);                // 0 < x < 1: the slack (1e-21) stays below x
+  CHECK(tolerant_ceil(0.999999) == 1.0);
+  CHECK(tolerant_ceil(4503599627370496.0) == 4503599627370496.0);  // 2^52: no integer is lost
+  CHECK(tolerant_ceil(-2.5) == -2.0);
 }
 
 TEST_CASE("cci: top-N tokens by inter attention, ties to the lower position (eq. 14)") {

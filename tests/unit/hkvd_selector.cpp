@@ -3,12 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <string>
+#include <span>
 #include <vector>
 
 #include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/detail/math.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
 using kvfuse::HKVDConfig;
@@ -25,17 +27,6 @@ HKVDConfig schedule(double r, std::vector<int> layers, std::vector<double> margi
   c.check_layers = std::move(layers);
   c.ratio_margins = std::move(margins);
   return c;
-}
-
-// Message of the kvfuse::error `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvfuse::error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -86,23 +77,59 @@ TEST_CASE("kv deviation: bad shapes and rows throw naming the value") {
   const std::vector<std::int64_t> row_far = {2};
   const std::vector<std::int64_t> row_neg = {-1};
   const std::vector<std::int64_t> two_rows = {0, 1};
-  CHECK(error_of([&] { kvfuse::detail::kv_deviation(a, a, 5, 0, 2, row0, out); }).find("num_heads 0") !=
-        std::string::npos);
-  CHECK(error_of([&] { kvfuse::detail::kv_deviation(a, a, 5, 2, -3, row0, out); }).find("head_dim -3") !=
-        std::string::npos);
-  CHECK(error_of([&] { kvfuse::detail::kv_deviation(a, a, 3, 2, 2, row0, out); }).find("row_stride 3") !=
-        std::string::npos);
-  CHECK(error_of([&] { kvfuse::detail::kv_deviation(a, a, 5, 2, 2, two_rows, out); }).find("2 rows") !=
-        std::string::npos);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 0, 2, row0, out),
+                       doctest::Contains("num_heads 0"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, -3, row0, out),
+                       doctest::Contains("head_dim -3"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 3, 2, 2, row0, out),
+                       doctest::Contains("row_stride 3"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, 2, two_rows, out),
+                       doctest::Contains("2 rows"), kvfuse::error);
   // a holds rows 0 and 1 (10 floats, stride 5); row 2 is outside.
-  CHECK(error_of([&] { kvfuse::detail::kv_deviation(a, a, 5, 2, 2, row_far, out); }).find("row 2") !=
-        std::string::npos);
-  CHECK(error_of([&] { kvfuse::detail::kv_deviation(a, a, 5, 2, 2, row_neg, out); }).find("row -1") !=
-        std::string::npos);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, 2, row_far, out),
+                       doctest::Contains("row 2"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, 2, row_neg, out),
+                       doctest::Contains("row -1"), kvfuse::error);
+  // num_heads * head_dim must not overflow int64 (2^32 * 2^32 = 2^64); the largest product that fits passes
+  // that check and fails on the stride instead.
+  constexpr std::int64_t kHuge = std::int64_t{1} << 32;
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, kHuge, kHuge, row0, out),
+                       doctest::Contains("num_heads * head_dim = 4294967296 * 4294967296 overflows"), kvfuse::error);
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, max / 2, row0, out),
+                       doctest::Contains("row_stride 5 is smaller"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, max / 2 + 1, row0, out),
+                       doctest::Contains("overflows"), kvfuse::error);
   // The cached matrix is the shorter one: it holds row 0 only (4 floats = one token's values).
   kvfuse::detail::kv_deviation(a, shorter, 5, 2, 2, row0, out);
   const std::vector<std::int64_t> row1 = {1};
   CHECK_THROWS_AS(kvfuse::detail::kv_deviation(a, shorter, 5, 2, 2, row1, out), kvfuse::error);
+}
+
+// ------------------------------------------------------------------------------------------- top-k order
+
+TEST_CASE("HKVD order: deviation descending, ties to the lower position; O(n) partial top-k") {
+  using kvfuse::detail::ranks_before;
+  CHECK(ranks_before(2.0f, 7, 1.0f, 0));   // higher score first, wherever it sits
+  CHECK_FALSE(ranks_before(1.0f, 0, 2.0f, 7));
+  CHECK(ranks_before(1.0f, 3, 1.0f, 5));   // tie: lower position first
+  CHECK_FALSE(ranks_before(1.0f, 5, 1.0f, 3));
+  CHECK_FALSE(ranks_before(1.0f, 4, 1.0f, 4));  // irreflexive
+
+  // Scores by position 0..7: 0:3 1:5 2:5 3:1 4:5 5:0 6:3 7:2. Full order: 1 2 4 0 6 7 3 5.
+  const std::vector<float> scores = {3, 5, 5, 1, 5, 0, 3, 2};
+  const std::vector<std::size_t> order = {1, 2, 4, 0, 6, 7, 3, 5};
+  for (std::size_t k = 0; k <= scores.size() + 1; ++k) {
+    CAPTURE(k);
+    std::vector<std::size_t> positions = {7, 6, 5, 4, 3, 2, 1, 0};
+    kvfuse::detail::partition_top_k(std::span<std::size_t>(positions), scores.data(), k);
+    const std::size_t kept = std::min(k, scores.size());
+    std::vector<std::size_t> top(positions.begin(), positions.begin() + static_cast<std::ptrdiff_t>(kept));
+    std::sort(top.begin(), top.end());
+    std::vector<std::size_t> expected(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept));
+    std::sort(expected.begin(), expected.end());
+    CHECK(top == expected);
+  }
 }
 
 // ----------------------------------------------------------------------------------------------- config
@@ -125,7 +152,7 @@ TEST_CASE("HKVDConfig defaults follow the paper: r = 0.15, V, checks on layers 1
 TEST_CASE("HKVDConfig rejects bad values and names them") {
   struct Case {
     HKVDConfig config;
-    std::string needle;
+    const char* needle;
   };
   HKVDConfig by_bad_tensor;
   by_bad_tensor.rank_by = static_cast<KVTensor>(7);
@@ -145,9 +172,7 @@ TEST_CASE("HKVDConfig rejects bad values and names them") {
   };
   for (const Case& c : cases) {
     CAPTURE(c.needle);
-    CHECK_THROWS_AS(c.config.validate(), kvfuse::error);
-    const std::string what = error_of([&] { c.config.validate(); });
-    CHECK(what.find(c.needle) != std::string::npos);
+    CHECK_THROWS_WITH_AS(c.config.validate(), doctest::Contains(c.needle), kvfuse::error);
     // The selector validates its config on construction.
     CHECK_THROWS_AS(HKVDSelector(c.config, PromptLayout::from_lengths({4}, 1), 8), kvfuse::error);
   }
@@ -155,17 +180,17 @@ TEST_CASE("HKVDConfig rejects bad values and names them") {
 
 TEST_CASE("HKVDSelector rejects bad layer counts and layers") {
   const auto layout = PromptLayout::from_lengths({4, 4}, 2);
-  CHECK(error_of([&] { HKVDSelector(HKVDConfig{}, layout, 0); }).find("num_layers 0") != std::string::npos);
+  CHECK_THROWS_WITH_AS(HKVDSelector(HKVDConfig{}, layout, 0), doctest::Contains("num_layers 0"), kvfuse::error);
   // Default check layers go up to 3, so 3 layers are too few.
-  CHECK(error_of([&] { HKVDSelector(HKVDConfig{}, layout, 3); }).find("check layer 3") != std::string::npos);
+  CHECK_THROWS_WITH_AS(HKVDSelector(HKVDConfig{}, layout, 3), doctest::Contains("check layer 3"), kvfuse::error);
   PromptLayout broken = layout;
   broken.query = {9, 10};
   CHECK_THROWS_AS(HKVDSelector(HKVDConfig{}, broken, 8), kvfuse::error);
 
   const HKVDSelector sel(HKVDConfig{}, layout, 4);
-  CHECK(error_of([&] { (void)sel.is_check_layer(4); }).find("layer 4") != std::string::npos);
-  CHECK(error_of([&] { (void)sel.is_check_layer(-1); }).find("layer -1") != std::string::npos);
-  CHECK(error_of([&] { (void)sel.keep_count(0); }).find("layer 0 is not a check layer") != std::string::npos);
+  CHECK_THROWS_WITH_AS((void)sel.is_check_layer(4), doctest::Contains("layer 4"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.is_check_layer(-1), doctest::Contains("layer -1"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.keep_count(0), doctest::Contains("layer 0 is not a check layer"), kvfuse::error);
 }
 
 // ----------------------------------------------------------------------------------------- selection
@@ -372,21 +397,21 @@ TEST_CASE("HKVDSelector::select validates the set and the deviations") {
   const TokenSet all = sel.initial();
   const std::vector<float> dev(10, 1.0f);
 
-  CHECK(error_of([&] { (void)sel.select(1, all, std::vector<float>(9, 1.0f)); })
-            .find("9 deviations for a set of 10 tokens") != std::string::npos);
+  CHECK_THROWS_WITH_AS((void)sel.select(1, all, std::vector<float>(9, 1.0f)),
+                       doctest::Contains("9 deviations for a set of 10 tokens"), kvfuse::error);
   std::vector<float> negative = dev;
   negative[2] = -0.5f;
-  CHECK(error_of([&] { (void)sel.select(1, all, negative); }).find("deviation -0.5 of token 2") !=
-        std::string::npos);
+  CHECK_THROWS_WITH_AS((void)sel.select(1, all, negative),
+                       doctest::Contains("deviation -0.5 of token 2"), kvfuse::error);
   std::vector<float> with_nan = dev;
   with_nan[3] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(error_of([&] { (void)sel.select(1, all, with_nan); }).find("of token 3") != std::string::npos);
-  CHECK(error_of([&] { (void)sel.select(1, TokenSet{0, 2, 1, 8, 9}, std::vector<float>(5, 1.0f)); })
-            .find("1 follows 2") != std::string::npos);
-  CHECK(error_of([&] { (void)sel.select(1, TokenSet{0, 8, 9, 10}, std::vector<float>(4, 1.0f)); })
-            .find("token 10") != std::string::npos);
-  CHECK(error_of([&] { (void)sel.select(2, TokenSet{0, 1, 8}, {}); }).find("1 of the 2 mandatory") !=
-        std::string::npos);
-  CHECK(error_of([&] { (void)sel.select(3, all, dev); }).find("layer 3") != std::string::npos);
-  CHECK(error_of([&] { (void)sel.is_reusable(10); }).find("[10, 11)") != std::string::npos);
+  CHECK_THROWS_WITH_AS((void)sel.select(1, all, with_nan), doctest::Contains("of token 3"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.select(1, TokenSet{0, 2, 1, 8, 9}, std::vector<float>(5, 1.0f)),
+                       doctest::Contains("1 follows 2"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.select(1, TokenSet{0, 8, 9, 10}, std::vector<float>(4, 1.0f)),
+                       doctest::Contains("token 10"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.select(2, TokenSet{0, 1, 8}, {}),
+                       doctest::Contains("1 of the 2 mandatory"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.select(3, all, dev), doctest::Contains("layer 3"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)sel.is_reusable(10), doctest::Contains("[10, 11)"), kvfuse::error);
 }

@@ -3,7 +3,6 @@
 #include <doctest/doctest.h>
 
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "kvfuse/schedule/loading_controller.hpp"
@@ -14,16 +13,6 @@ using kvfuse::LoadingRequest;
 using kvfuse::StorageDevice;
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvfuse::error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // NVMe SSD at 4'194'304'000 B/s (about 4.2 GB/s): 64 MiB take 16 ms and 16 MiB take 4 ms.
 const StorageDevice kNvme{"nvme", 0.1, 4194304000.0, 0.0};
@@ -49,7 +38,7 @@ TEST_CASE("delay estimators follow footnotes 5 and 6") {
   CHECK(kvfuse::load_delay(r, remote) == doctest::Approx(0.021));
   // Storage: 64 MiB x 32 layers = 2 GiB = 2.147483648 GB at 0.1 per GB.
   CHECK(kvfuse::storage_cost(r, kNvme) == doctest::Approx(0.2147483648));
-  CHECK(error_of([&] { (void)kvfuse::recompute_delay(r, -0.1); }).find("ratio -0.1") != std::string::npos);
+  CHECK_THROWS_WITH_AS((void)kvfuse::recompute_delay(r, -0.1), doctest::Contains("ratio -0.1"), kvfuse::error);
 }
 
 TEST_CASE("choose_ratio: loading is the bottleneck (Llama-7B from NVMe), the ratio rises above r*") {
@@ -176,50 +165,51 @@ TEST_CASE("choose_device: equal costs go to the faster device, then to the earli
   CHECK(d.fastest == 1);
 }
 
-TEST_CASE("LoadingController rejects bad inputs and names them") {
-  CHECK(error_of([] { LoadingController c(LoadingControllerConfig{1.5}); }).find("min_ratio 1.5") !=
-        std::string::npos);
-  CHECK(error_of([] { LoadingController c(LoadingControllerConfig{-0.2}); }).find("min_ratio -0.2") !=
-        std::string::npos);
+namespace {
+
+// Both choices reject `request`; the message names the field and its value (`needle`).
+void check_rejected(const LoadingRequest& request, const char* needle) {
+  CAPTURE(needle);
   const LoadingController ctl;
+  CHECK_THROWS_WITH_AS((void)ctl.choose_ratio(request, kNvme), doctest::Contains(needle), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)ctl.choose_device(request, kTiers), doctest::Contains(needle), kvfuse::error);
+}
 
-  struct BadRequest {
-    LoadingRequest request;
-    std::string needle;
-  };
-  const std::vector<BadRequest> requests = {
-      {{-1, 1, 1.0, 1.0}, "context_tokens -1"},
-      {{1, 0, 1.0, 1.0}, "num_layers 0"},
-      {{1, 1, -2.0, 1.0}, "kv_bytes_per_token_per_layer -2"},
-      {{1, 1, 1.0, std::numeric_limits<double>::infinity()}, "prefill_seconds_per_layer inf"},
-      {{1, 1, 1.0, -0.5}, "prefill_seconds_per_layer -0.5"},
-  };
-  for (const BadRequest& b : requests) {
-    CAPTURE(b.needle);
-    CHECK(error_of([&] { (void)ctl.choose_ratio(b.request, kNvme); }).find(b.needle) != std::string::npos);
-    CHECK(error_of([&] { (void)ctl.choose_device(b.request, kTiers); }).find(b.needle) != std::string::npos);
-  }
+// Both choices reject `device`, alone or in a list of good ones; the message names the device, the field
+// and its value (`needle`).
+void check_rejected(const StorageDevice& device, const char* needle) {
+  CAPTURE(needle);
+  const LoadingController ctl;
+  CHECK_THROWS_WITH_AS((void)ctl.choose_ratio(kSmall, device), doctest::Contains(needle), kvfuse::error);
+  std::vector<StorageDevice> list = kTiers;
+  list.push_back(device);
+  CHECK_THROWS_WITH_AS((void)ctl.choose_device(kSmall, list), doctest::Contains(needle), kvfuse::error);
+}
 
-  struct BadDevice {
-    StorageDevice device;
-    std::string needle;
-  };
-  const std::vector<BadDevice> devices = {
-      {{"neg", 1.0, -1.0, 0.0}, "'neg': bandwidth_bytes_per_s -1"},
-      {{"zero", 1.0, 0.0, 0.0}, "'zero': bandwidth_bytes_per_s 0"},
-      {{"nanbw", 1.0, std::numeric_limits<double>::quiet_NaN(), 0.0}, "bandwidth_bytes_per_s nan"},
-      {{"lat", 1.0, 1.0, -0.1}, "'lat': latency_s -0.1"},
-      {{"cost", -3.0, 1.0, 0.0}, "'cost': cost_per_gb -3"},
-  };
-  for (const BadDevice& b : devices) {
-    CAPTURE(b.needle);
-    CHECK(error_of([&] { (void)ctl.choose_ratio(kSmall, b.device); }).find(b.needle) != std::string::npos);
-    std::vector<StorageDevice> list = kTiers;
-    list.push_back(b.device);
-    CHECK(error_of([&] { (void)ctl.choose_device(kSmall, list); }).find(b.needle) != std::string::npos);
-  }
+}  // namespace
 
-  CHECK(error_of([&] { (void)ctl.choose_device(kSmall, std::vector<StorageDevice>{}); })
-            .find("device list is empty") != std::string::npos);
-  CHECK(error_of([&] { (void)ctl.choose_device(kSmall, kTiers, 1.2); }).find("ratio 1.2") != std::string::npos);
+TEST_CASE("LoadingController rejects bad inputs and names them") {
+  CHECK_THROWS_WITH_AS(LoadingController(LoadingControllerConfig{1.5}), doctest::Contains("min_ratio 1.5"),
+                       kvfuse::error);
+  CHECK_THROWS_WITH_AS(LoadingController(LoadingControllerConfig{-0.2}), doctest::Contains("min_ratio -0.2"),
+                       kvfuse::error);
+
+  check_rejected(LoadingRequest{-1, 1, 1.0, 1.0}, "context_tokens -1");
+  check_rejected(LoadingRequest{1, 0, 1.0, 1.0}, "num_layers 0");
+  check_rejected(LoadingRequest{1, 1, -2.0, 1.0}, "kv_bytes_per_token_per_layer = -2");
+  check_rejected(LoadingRequest{1, 1, 1.0, std::numeric_limits<double>::infinity()},
+                 "prefill_seconds_per_layer = inf");
+  check_rejected(LoadingRequest{1, 1, 1.0, -0.5}, "prefill_seconds_per_layer = -0.5");
+
+  check_rejected(StorageDevice{"neg", 1.0, -1.0, 0.0}, "'neg': bandwidth_bytes_per_s = -1");
+  check_rejected(StorageDevice{"zero", 1.0, 0.0, 0.0}, "'zero': bandwidth_bytes_per_s = 0");
+  check_rejected(StorageDevice{"nanbw", 1.0, std::numeric_limits<double>::quiet_NaN(), 0.0},
+                 "'nanbw': bandwidth_bytes_per_s = nan");
+  check_rejected(StorageDevice{"lat", 1.0, 1.0, -0.1}, "'lat': latency_s = -0.1");
+  check_rejected(StorageDevice{"cost", -3.0, 1.0, 0.0}, "'cost': cost_per_gb = -3");
+
+  const LoadingController ctl;
+  CHECK_THROWS_WITH_AS((void)ctl.choose_device(kSmall, std::vector<StorageDevice>{}),
+                       doctest::Contains("device list is empty"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)ctl.choose_device(kSmall, kTiers, 1.2), doctest::Contains("ratio 1.2"), kvfuse::error);
 }

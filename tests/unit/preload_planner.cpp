@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "kvfuse/core/error.hpp"
@@ -16,16 +15,6 @@ namespace {
 using kvfuse::PreloadConfig;
 using kvfuse::PreloadPlan;
 using kvfuse::PreloadPlanner;
-
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const kvfuse::error& e) {
-    return e.what();
-  }
-  return "<no kvfuse::error thrown>";
-}
 
 struct Row {
   double issue, load_start, load_finish, compute_start, compute_finish;
@@ -164,19 +153,16 @@ TEST_CASE("PreloadPlanner: degenerate times") {
 
 TEST_CASE("PreloadPlanner: bad config and depth throw kvfuse::error naming the value") {
   CHECK_THROWS_AS(PreloadPlanner(PreloadConfig{0, 1.0, 1.0}), kvfuse::error);
-  CHECK(error_message([] { PreloadPlanner(PreloadConfig{0, 1.0, 1.0}); }).find("num_layers = 0") !=
-        std::string::npos);
-  CHECK(error_message([] { PreloadPlanner(PreloadConfig{4, -1.0, 1.0}); }).find("compute_time_per_layer = -1") !=
-        std::string::npos);
-  CHECK(error_message([] {
-          PreloadPlanner(PreloadConfig{4, 1.0, std::numeric_limits<double>::quiet_NaN()});
-        }).find("load_time_per_layer = nan") != std::string::npos);
-  CHECK(error_message([] {
-          PreloadPlanner(PreloadConfig{4, 1.0, std::numeric_limits<double>::infinity()});
-        }).find("load_time_per_layer = inf") != std::string::npos);
+  CHECK_THROWS_WITH_AS(PreloadPlanner(PreloadConfig{0, 1.0, 1.0}), doctest::Contains("num_layers = 0"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(PreloadPlanner(PreloadConfig{4, -1.0, 1.0}),
+                       doctest::Contains("compute_time_per_layer = -1"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(PreloadPlanner(PreloadConfig{4, 1.0, std::numeric_limits<double>::quiet_NaN()}),
+                       doctest::Contains("load_time_per_layer = nan"), kvfuse::error);
+  CHECK_THROWS_WITH_AS(PreloadPlanner(PreloadConfig{4, 1.0, std::numeric_limits<double>::infinity()}),
+                       doctest::Contains("load_time_per_layer = inf"), kvfuse::error);
 
   const PreloadPlanner planner(PreloadConfig{5, 1.0, 2.0});
-  CHECK(error_message([&] { (void)planner.plan(0); }).find("depth = 0") != std::string::npos);
-  CHECK(error_message([&] { (void)planner.plan(6); }).find("depth = 6 must be in [1, num_layers = 5]") !=
-        std::string::npos);
+  CHECK_THROWS_WITH_AS((void)planner.plan(0), doctest::Contains("depth = 0"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)planner.plan(6),
+                       doctest::Contains("depth = 6 must be in [1, num_layers = 5]"), kvfuse::error);
 }

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -162,7 +163,7 @@ TEST_CASE("variant cache: a full cache evicts the lowest f_r, ties to the oldest
     CHECK_FALSE(cache.contains(1));
     CHECK(cache.size() == 2);
   }
-  SUBCASE("the used variant survives, the unused one goes") {
+  SUBCASE("the used variant survives, the unused one goes; a new variant is the next victim until used") {
     REQUIRE(cache.lookup(1, Ids{9}));  // chunk 1: beta 0 -> CFO 0.5 -> f_r 2
     const auto r = cache.insert(make_profile(3, 4, {}, {}, 0.5), key(3));
     REQUIRE(r.evicted.size() == 1);
@@ -284,6 +285,10 @@ TEST_CASE("variant cache: bad config and bad input throw kvfuse::error naming th
   CHECK_THROWS_WITH_AS(VariantCache{c}, doctest::Contains("overflows"), error);
   CHECK_THROWS_WITH_AS((void)kvfuse::reuse_frequency_increment(std::nan(""), 10.0), doctest::Contains("cfo = nan"),
                        error);
+  CHECK_THROWS_WITH_AS((void)kvfuse::reuse_frequency_increment(0.5, -1.0), doctest::Contains("max_bonus = -1"), error);
+  c = {};
+  c.max_reuse_bonus = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH_AS(VariantCache{c}, doctest::Contains("max_reuse_bonus = inf"), error);
 
   VariantCache cache;
   cache.insert(make_profile(1, 4, {}, {}, 0.5), key(1));

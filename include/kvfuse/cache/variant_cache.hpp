@@ -27,13 +27,16 @@
 //    a match that recomputes 0.1 % of the chunk).
 //  - Eviction happens on insert (the paper evicts "periodically"); the victim is the lowest f_r, ties to the
 //    oldest variant (smallest id). A new variant is always admitted.
+//  - No grace period (section 3.3 gives none): a new variant enters with f_r = 0, and every lookup that
+//    chooses a variant adds min(1/CFO, max_reuse_bonus) > 0, so until a lookup first chooses it, a new
+//    variant is the next eviction victim (after older never-chosen variants). Inserting into a full cache
+//    thus evicts unused variants before any variant that was ever reused.
 //  - Lookup ties in CFO go to the oldest variant. A variant for a (chunk, stored prefix) pair that is
 //    already stored is not added again (the paper adds variants for a "unique chunk and prefix").
 //  - f_r uses the same CFO as the token count (eq. 12, with α); section 3.3 writes CFO without α, which
 //    picks the same variant.
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -67,16 +70,14 @@ struct VariantCacheConfig {
     detail::require(num_chunks <= std::numeric_limits<std::int64_t>::max() / variants_per_chunk,
                     "VariantCacheConfig: N x M = {} x {} overflows", num_chunks, variants_per_chunk);
     CCIScorerConfig{alpha}.validate();
-    detail::require(std::isfinite(max_reuse_bonus) && max_reuse_bonus > 0.0,
-                    "VariantCacheConfig: max_reuse_bonus = {} must be finite and > 0", max_reuse_bonus);
+    detail::require_finite_positive(max_reuse_bonus, "VariantCacheConfig: max_reuse_bonus");
   }
 };
 
 // Cache-Craft section 3.3: the f_r increment of one access, 1/CFO, capped at `max_bonus` (CFO = 0 → max_bonus).
 [[nodiscard]] inline double reuse_frequency_increment(double cfo, double max_bonus) {
-  detail::require_nonneg_finite(cfo, "reuse_frequency_increment: cfo");
-  detail::require(std::isfinite(max_bonus) && max_bonus > 0.0,
-                  "reuse_frequency_increment: max_bonus = {} must be finite and > 0", max_bonus);
+  detail::require_finite_nonneg(cfo, "reuse_frequency_increment: cfo");
+  detail::require_finite_positive(max_bonus, "reuse_frequency_increment: max_bonus");
   return cfo == 0.0 ? max_bonus : std::min(1.0 / cfo, max_bonus);
 }
 
@@ -193,15 +194,16 @@ class VariantCache {
   }
 
   // Index and score of the lowest-CFO variant among a chunk's (non-empty, id-ordered) variants; a strict '<'
-  // leaves CFO ties with the oldest.
+  // leaves CFO ties with the oldest. Every variant gets β, γ, β' and CFO (eq. 6-8, 12); only the winner gets
+  // its N and recompute TokenSet (eq. 14).
   std::pair<std::size_t, ChunkScore> choose(const std::vector<VariantEntry>& variants,
                                             std::span<const std::uint64_t> current_prefix) const {
-    std::pair<std::size_t, ChunkScore> out{0,
-                                           detail::score_profile(variants[0].profile, current_prefix, config_.alpha)};
+    std::pair<std::size_t, ChunkScore> out{0, detail::score_cfo(variants[0].profile, current_prefix, config_.alpha)};
     for (std::size_t k = 1; k < variants.size(); ++k) {
-      ChunkScore s = detail::score_profile(variants[k].profile, current_prefix, config_.alpha);
+      ChunkScore s = detail::score_cfo(variants[k].profile, current_prefix, config_.alpha);
       if (s.cfo < out.second.cfo) out = {k, std::move(s)};
     }
+    detail::fill_recompute(out.second, variants[out.first].profile);
     return out;
   }
 

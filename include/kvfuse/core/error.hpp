@@ -24,9 +24,18 @@ void require(bool ok, fmt::format_string<Args...> message, Args&&... args) {
   if (!ok) throw error(fmt::format(message, std::forward<Args>(args)...));
 }
 
+// True when `value` is finite and >= 0. For checks whose message needs indices, formatted only on failure:
+// require(is_finite_nonneg(x), "mass[{}][{}] = {} must be finite and >= 0", i, j, x).
+[[nodiscard]] inline bool is_finite_nonneg(double value) noexcept { return std::isfinite(value) && value >= 0; }
+
 // Throws unless `value` is finite and >= 0; `what` names the value (e.g. "LoaderEstimate: fetch_chunk_s").
 inline void require_finite_nonneg(double value, std::string_view what) {
-  require(std::isfinite(value) && value >= 0, "{} = {} must be finite and >= 0", what, value);
+  require(is_finite_nonneg(value), "{} = {} must be finite and >= 0", what, value);
+}
+
+// Throws unless `value` is finite and > 0; `what` names the value (e.g. "StorageDevice 'ssd': bandwidth_bytes_per_s").
+inline void require_finite_positive(double value, std::string_view what) {
+  require(std::isfinite(value) && value > 0, "{} = {} must be finite and > 0", what, value);
 }
 
 }  // namespace detail

@@ -1,7 +1,9 @@
 #pragma once
 // Per-token KV deviation, the score CacheBlend ranks tokens by (section 4.1 "KV deviation", section 4.3
 // HKVD tokens): the squared L2 distance between the freshly recomputed K (or V) of a token on one layer and
-// the K (or V) loaded from the chunk cache, summed over all KV heads and head dims.
+// the K (or V) loaded from the chunk cache, summed over all KV heads and head dims. Whether the engine passes
+// K or V here is HKVDConfig::rank_by (select/hkvd_selector.hpp; V by default, as in CacheBlend's reference
+// implementation); HKVDSelector::select ranks the resulting deviations whichever tensor they came from.
 //
 // The element math is KVFUSE_HOST_DEVICE so the CUDA deviation kernel runs the very function the host
 // reference (and the tests) run. Layout: K or V of one layer as a row-major matrix with one row per token;
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "kvfuse/core/config.hpp"
@@ -53,6 +56,8 @@ inline void kv_deviation(std::span<const float> recomputed, std::span<const floa
                          std::span<float> out) {
   require(num_heads >= 1, "kv_deviation: num_heads {} must be at least 1", num_heads);
   require(head_dim >= 1, "kv_deviation: head_dim {} must be at least 1", head_dim);
+  require(head_dim <= std::numeric_limits<std::int64_t>::max() / num_heads,
+          "kv_deviation: num_heads * head_dim = {} * {} overflows int64", num_heads, head_dim);
   const std::int64_t width = num_heads * head_dim;
   require(row_stride >= width, "kv_deviation: row_stride {} is smaller than num_heads * head_dim = {}", row_stride,
           width);

@@ -25,13 +25,14 @@
 // Figure 16"). Units: seconds, bytes, bytes per second; storage cost per GB = 10^9 bytes.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kvfuse/core/error.hpp"
 
@@ -56,12 +57,8 @@ struct LoadingRequest {
   void validate() const {
     detail::require(context_tokens >= 0, "LoadingRequest: context_tokens {} is negative", context_tokens);
     detail::require(num_layers >= 1, "LoadingRequest: num_layers {} must be at least 1", num_layers);
-    detail::require(std::isfinite(kv_bytes_per_token_per_layer) && kv_bytes_per_token_per_layer >= 0.0,
-                    "LoadingRequest: kv_bytes_per_token_per_layer {} is not a finite non-negative number",
-                    kv_bytes_per_token_per_layer);
-    detail::require(std::isfinite(prefill_seconds_per_layer) && prefill_seconds_per_layer >= 0.0,
-                    "LoadingRequest: prefill_seconds_per_layer {} is not a finite non-negative number",
-                    prefill_seconds_per_layer);
+    detail::require_finite_nonneg(kv_bytes_per_token_per_layer, "LoadingRequest: kv_bytes_per_token_per_layer");
+    detail::require_finite_nonneg(prefill_seconds_per_layer, "LoadingRequest: prefill_seconds_per_layer");
   }
 
   // Bytes of KV cache loaded per layer: PerTokenKVSize(LLM) * L.
@@ -77,13 +74,10 @@ struct StorageDevice {
   double latency_s = 0;              // fixed delay of each per-layer fetch
 
   void validate() const {
-    detail::require(std::isfinite(cost_per_gb) && cost_per_gb >= 0.0,
-                    "StorageDevice '{}': cost_per_gb {} is not a finite non-negative number", name, cost_per_gb);
-    detail::require(std::isfinite(bandwidth_bytes_per_s) && bandwidth_bytes_per_s > 0.0,
-                    "StorageDevice '{}': bandwidth_bytes_per_s {} is not a finite positive number", name,
-                    bandwidth_bytes_per_s);
-    detail::require(std::isfinite(latency_s) && latency_s >= 0.0,
-                    "StorageDevice '{}': latency_s {} is not a finite non-negative number", name, latency_s);
+    detail::require_finite_nonneg(cost_per_gb, fmt::format("StorageDevice '{}': cost_per_gb", name));
+    detail::require_finite_positive(bandwidth_bytes_per_s,
+                                    fmt::format("StorageDevice '{}': bandwidth_bytes_per_s", name));
+    detail::require_finite_nonneg(latency_s, fmt::format("StorageDevice '{}': latency_s", name));
   }
 };
 

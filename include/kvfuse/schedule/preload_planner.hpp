@@ -30,11 +30,11 @@
 //   - T_prefill and T_load are per layer. Eq. 16 uses only their ratio, so totals over all layers give
 //     the same L_p; the timeline needs per-layer times.
 //   - Eq. 16 is real-valued; the planner preloads ceil(L_p) layers, the fewest with no gaps
-//     ((L - n) T_load <= (L - 1) T_prefill). It is computed as L - floor((L - 1) T_prefill / T_load)
-//     with a relative slack of 1e-9, so floating-point noise in measured times does not cost a whole
-//     layer of buffer: L = 10, T_prefill : T_load = 1 : 3 gives 7 (the eq. 16 expression evaluates to
-//     7.000000000000001), and L = 4, 0.3 : 0.9 gives 3 (3 * 0.3 < 0.9 in doubles). A shortfall that
-//     small shows as a gap of ~1e-16 in the timeline.
+//     ((L - n) T_load <= (L - 1) T_prefill). The ceiling treats an L_p within a relative 1e-9 above an
+//     integer as that integer (detail::tolerant_ceil), so floating-point noise in measured times does not
+//     cost a whole layer of buffer: L = 10, T_prefill : T_load = 1 : 3 gives 7 (the eq. 16 expression
+//     evaluates to 7.000000000000001), and L = 4, 0.3 : 0.9 gives 3 (3 * 0.3 < 0.9 in doubles). A
+//     shortfall that small shows as a gap of ~1e-16 in the timeline.
 //   - Timeline model: one load stream (layers in order, one at a time, T_load each) and one compute
 //     stream (T_prefill each). Iteration i of Algorithm 2 begins when layer i-1 has been computed and
 //     released (line 6) and issues the loads of layers i..min(i+L_p, L) (lines 3-4); a load starts
@@ -44,11 +44,11 @@
 //   - Zero times are valid: T_load = 0 gives L_p = 1; T_prefill = 0 < T_load gives L_p = L.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <vector>
 
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/detail/math.hpp"
 
 namespace kvfuse {
 
@@ -59,10 +59,8 @@ struct PreloadConfig {
 
   void validate() const {
     detail::require(num_layers >= 1, "PreloadConfig: num_layers = {} must be >= 1", num_layers);
-    detail::require(std::isfinite(compute_time_per_layer) && compute_time_per_layer >= 0.0,
-                    "PreloadConfig: compute_time_per_layer = {} must be finite and >= 0", compute_time_per_layer);
-    detail::require(std::isfinite(load_time_per_layer) && load_time_per_layer >= 0.0,
-                    "PreloadConfig: load_time_per_layer = {} must be finite and >= 0", load_time_per_layer);
+    detail::require_finite_nonneg(compute_time_per_layer, "PreloadConfig: compute_time_per_layer");
+    detail::require_finite_nonneg(load_time_per_layer, "PreloadConfig: load_time_per_layer");
   }
 };
 
@@ -99,16 +97,11 @@ class PreloadPlanner {
     return std::max(1.0, static_cast<double>(config_.num_layers - 1) * (1.0 - p / t) + 1.0);
   }
 
-  // ceil(exact_depth()): the fewest preloaded layers n with (L - n) T_load <= (L - 1) T_prefill.
+  // ceil(exact_depth()): the fewest preloaded layers n with (L - n) T_load <= (L - 1) T_prefill. The ceiling
+  // is detail::tolerant_ceil, which absorbs rounding of measured times (0.3 * 3 < 0.9 in doubles).
   [[nodiscard]] std::size_t depth() const {
-    const std::size_t L = config_.num_layers;
-    const double p = config_.compute_time_per_layer;
-    const double t = config_.load_time_per_layer;
-    if (t <= p) return 1;
-    // m = layers that load during the compute of the first L - 1 layers: floor((L - 1) T_prefill / T_load),
-    // < L - 1 here. The relative slack absorbs rounding of measured times (0.3 * 3 < 0.9 in doubles).
-    const double m = std::floor(static_cast<double>(L - 1) * p / t * (1.0 + kRelativeSlack));
-    return L - static_cast<std::size_t>(std::min(m, static_cast<double>(L - 1)));
+    const auto layers = static_cast<double>(config_.num_layers);
+    return static_cast<std::size_t>(std::clamp(detail::tolerant_ceil(exact_depth()), 1.0, layers));
   }
 
   // Algorithm 2 with L_p = depth().
@@ -158,7 +151,6 @@ class PreloadPlanner {
   }
 
  private:
-  static constexpr double kRelativeSlack = 1e-9;
   PreloadConfig config_;
 };
 

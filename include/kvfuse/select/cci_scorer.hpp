@@ -36,7 +36,8 @@
 //    eq. 6 is 0/0: β = 1 when the current prefix equals the stored one, else 0.
 //  - b̄ = 0 (every chunk of one token): ā / b̄ is +∞ → CCI = 1 when ā > 0, and 0 → CCI = 1/2 when ā = 0.
 //  - N = ⌈CFO · |C|⌉ treats a product within 1e-9 (relative) above an integer as that integer, so that
-//    floating-point noise (0.1 · 3 · 10 = 3.0000000000000004) does not add a token; N is clipped to [0, |C|].
+//    floating-point noise (0.1 · 3 · 10 = 3.0000000000000004) does not add a token, while any positive
+//    product, however small, still gives N >= 1 (detail::tolerant_ceil); N is clipped to [0, |C|].
 //  - Token lists are chunk-local offsets (0 .. |C| − 1); add the chunk's start in the new prompt.
 //  - A chunk id must not repeat within a prompt or prefix (Kendall-τ and eq. 6 treat prefixes as sets):
 //    repeated ids are rejected.
@@ -55,6 +56,7 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/detail/math.hpp"
 
 namespace kvfuse {
 
@@ -95,12 +97,6 @@ KVFUSE_HOST_DEVICE double token_prefix_attention(const T* attn, std::int64_t n, 
 }
 
 namespace detail {
-
-inline bool is_nonneg_finite(double x) noexcept { return std::isfinite(x) && x >= 0.0; }
-
-inline void require_nonneg_finite(double x, const char* what) {
-  require(is_nonneg_finite(x), "{} = {} must be finite and non-negative", what, x);
-}
 
 // A read-only span over a vector, spelled out (nvcc's front end does not convert vector to span implicitly).
 template <class T>
@@ -162,8 +158,8 @@ struct ChunkAttention {
                       token_prefix_attention[i].size(), i, chunk_sizes[i]);
       for (std::size_t t = 0; t < token_prefix_attention[i].size(); ++t) {
         const double x = token_prefix_attention[i][t];
-        detail::require(detail::is_nonneg_finite(x),
-                        "ChunkAttention: token_prefix_attention[{}][{}] = {} must be finite and non-negative", i,
+        detail::require(detail::is_finite_nonneg(x),
+                        "ChunkAttention: token_prefix_attention[{}][{}] = {} must be finite and >= 0", i,
                         t, x);
       }
     }
@@ -173,8 +169,8 @@ struct ChunkAttention {
       for (std::size_t i = 0; i < m; ++i) {
         for (std::size_t j = 0; j < m; ++j) {
           const double x = layer_mass[l][i * m + j];
-          detail::require(detail::is_nonneg_finite(x),
-                          "ChunkAttention: layer {} mass[{}][{}] = {} must be finite and non-negative", l, i, j, x);
+          detail::require(detail::is_finite_nonneg(x),
+                          "ChunkAttention: layer {} mass[{}][{}] = {} must be finite and >= 0", l, i, j, x);
           detail::require(x == 0.0 || (j <= i && chunk_sizes[i] > 0 && chunk_sizes[j] > 0),
                           "ChunkAttention: layer {} mass[{}][{}] = {} must be 0 (a later or empty chunk)", l, i, j,
                           x);
@@ -203,9 +199,9 @@ struct ChunkAttention {
       for (std::int64_t q = 0; q < n; ++q) {
         for (std::int64_t k = 0; k < n; ++k) {
           const auto x = static_cast<double>(layers[l][static_cast<std::size_t>(q * n + k)]);
-          detail::require(detail::is_nonneg_finite(x),
+          detail::require(detail::is_finite_nonneg(x),
                           "ChunkAttention::from_token_attention: layer {} attn[{}][{}] = {} must be finite and "
-                          "non-negative",
+                          ">= 0",
                           l, q, k, x);
           detail::require(k <= q || x == 0.0,
                           "ChunkAttention::from_token_attention: layer {} attn[{}][{}] = {} but attention must be "
@@ -250,7 +246,7 @@ struct ChunkAttention {
   detail::require(chunk_size >= 0, "cci_a: chunk size {} is negative", chunk_size);
   double a = 0.0;
   for (std::size_t j = 0; j < prefix_sizes.size(); ++j) {
-    detail::require_nonneg_finite(inter_from_prefix[j], "cci_a: inter(C_j, C_i)");
+    detail::require_finite_nonneg(inter_from_prefix[j], "cci_a: inter(C_j, C_i)");
     detail::require(prefix_sizes[j] >= 0, "cci_a: prefix chunk {} size {} is negative", j, prefix_sizes[j]);
     if (chunk_size == 0 || prefix_sizes[j] == 0) {
       detail::require(inter_from_prefix[j] == 0.0, "cci_a: inter = {} with an empty chunk (prefix chunk {})",
@@ -264,7 +260,7 @@ struct ChunkAttention {
 
 // Cache-Craft eq. 9, b(C_i) for one layer: intra(C_i) / |C_i|². An empty chunk has b = 0.
 [[nodiscard]] inline double cci_b(double intra, std::int64_t chunk_size) {
-  detail::require_nonneg_finite(intra, "cci_b: intra(C_i)");
+  detail::require_finite_nonneg(intra, "cci_b: intra(C_i)");
   detail::require(chunk_size >= 0, "cci_b: chunk size {} is negative", chunk_size);
   if (chunk_size == 0) {
     detail::require(intra == 0.0, "cci_b: intra = {} for an empty chunk", intra);
@@ -279,7 +275,7 @@ struct ChunkAttention {
   detail::require(!per_layer.empty(), "layer_mean: 0 layers, needs at least 1");
   double sum = 0.0;
   for (double x : per_layer) {
-    detail::require_nonneg_finite(x, "layer_mean: per-layer value");
+    detail::require_finite_nonneg(x, "layer_mean: per-layer value");
     sum += x;
   }
   return sum / static_cast<double>(per_layer.size());
@@ -287,8 +283,8 @@ struct ChunkAttention {
 
 // Cache-Craft eq. 11: CCI = 1 / (1 + e^{−ā/b̄}). b̄ = 0 gives 1 when ā > 0 and 1/2 when ā = 0.
 [[nodiscard]] inline double cache_context_impact(double a_bar, double b_bar) {
-  detail::require_nonneg_finite(a_bar, "cache_context_impact: a_bar");
-  detail::require_nonneg_finite(b_bar, "cache_context_impact: b_bar");
+  detail::require_finite_nonneg(a_bar, "cache_context_impact: a_bar");
+  detail::require_finite_nonneg(b_bar, "cache_context_impact: b_bar");
   if (b_bar == 0.0) return a_bar > 0.0 ? 1.0 : 0.5;
   return 1.0 / (1.0 + std::exp(-(a_bar / b_bar)));
 }
@@ -308,7 +304,7 @@ struct ChunkAttention {
   double total = 0.0;
   double shared = 0.0;
   for (std::size_t j = 0; j < stored_prefix.size(); ++j) {
-    detail::require_nonneg_finite(prefix_inter[j], "prefix_overlap: inter(C_j, C)");
+    detail::require_finite_nonneg(prefix_inter[j], "prefix_overlap: inter(C_j, C)");
     total += prefix_inter[j];
     if (detail::contains_id(current_prefix, stored_prefix[j])) shared += prefix_inter[j];
   }
@@ -356,32 +352,29 @@ struct ChunkAttention {
                   cci);
   detail::require(std::isfinite(beta_adjusted) && beta_adjusted >= 0.0 && beta_adjusted <= 1.0,
                   "cache_fix_overhead: beta_adjusted = {} must be in [0, 1]", beta_adjusted);
-  detail::require_nonneg_finite(alpha, "cache_fix_overhead: alpha");
+  detail::require_finite_nonneg(alpha, "cache_fix_overhead: alpha");
   return alpha * cci * (1.0 - beta_adjusted);
 }
 
 // Cache-Craft eq. 14's budget: N = ⌈CFO · |C|⌉, clipped to [0, |C|]. A product within 1e-9 (relative) above an
-// integer counts as that integer.
+// integer counts as that integer (detail::tolerant_ceil); any positive product, however small, gives N >= 1.
 [[nodiscard]] inline std::int64_t recompute_count(double cfo, std::int64_t chunk_size) {
-  detail::require_nonneg_finite(cfo, "recompute_count: cfo");
+  detail::require_finite_nonneg(cfo, "recompute_count: cfo");
   detail::require(chunk_size >= 0, "recompute_count: chunk size {} is negative", chunk_size);
   const double x = cfo * static_cast<double>(chunk_size);
   if (x >= static_cast<double>(chunk_size)) return chunk_size;
-  const double n = std::ceil(x - 1e-9 * std::max(1.0, x));
-  return std::clamp(static_cast<std::int64_t>(n), std::int64_t{0}, chunk_size);
+  return static_cast<std::int64_t>(detail::tolerant_ceil(x));  // in [0, |C|] since 0 <= x < |C|
 }
 
 // Cache-Craft eq. 14's order: token offsets of a chunk by score (Σ_{j<i} inter(C_j, t)) descending, ties to
-// the lower offset. Every prefix of the result is the top-N set for that N.
+// the lower offset (detail::ScoreDescending). Every prefix of the result is the top-N set for that N.
 [[nodiscard]] inline std::vector<std::int64_t> rank_tokens(std::span<const double> scores) {
   for (std::size_t t = 0; t < scores.size(); ++t)
-    detail::require(detail::is_nonneg_finite(scores[t]), "rank_tokens: score of token {} = {} must be finite and "
-                    "non-negative", t, scores[t]);
+    detail::require(detail::is_finite_nonneg(scores[t]), "rank_tokens: score of token {} = {} must be finite and >= 0",
+                    t, scores[t]);
   std::vector<std::int64_t> order(scores.size());
   std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) {
-    return scores[static_cast<std::size_t>(x)] > scores[static_cast<std::size_t>(y)];
-  });
+  std::sort(order.begin(), order.end(), detail::ScoreDescending<double>{scores.data()});
   return order;
 }
 
@@ -406,8 +399,7 @@ struct CCIScorerConfig {
   double alpha = 1.0;  // eq. 12 scaling; the paper fits it with eq. 13 (0.5 .. 3 studied, 1 by default)
 
   void validate() const {
-    detail::require(std::isfinite(alpha) && alpha >= 0.0, "CCIScorerConfig: alpha = {} must be finite and >= 0",
-                    alpha);
+    detail::require_finite_nonneg(alpha, "CCIScorerConfig: alpha");
   }
 };
 
@@ -431,9 +423,9 @@ struct ChunkProfile {
     detail::require_unique_ids(detail::span_of(stored_prefix), "ChunkProfile: stored prefix");
     detail::require(!detail::contains_id(detail::span_of(stored_prefix), chunk_id),
                     "ChunkProfile {:#x}: the chunk appears in its own stored prefix", chunk_id);
-    for (double x : prefix_inter) detail::require_nonneg_finite(x, "ChunkProfile: prefix_inter");
-    detail::require_nonneg_finite(a_bar, "ChunkProfile: a_bar");
-    detail::require_nonneg_finite(b_bar, "ChunkProfile: b_bar");
+    for (double x : prefix_inter) detail::require_finite_nonneg(x, "ChunkProfile: prefix_inter");
+    detail::require_finite_nonneg(a_bar, "ChunkProfile: a_bar");
+    detail::require_finite_nonneg(b_bar, "ChunkProfile: b_bar");
     detail::require(std::isfinite(cci) && cci >= 0.0 && cci <= 1.0, "ChunkProfile {:#x}: cci = {} must be in [0, 1]",
                     chunk_id, cci);
     detail::require(token_ranking.size() == static_cast<std::size_t>(size),
@@ -462,8 +454,9 @@ struct ChunkScore {
 };
 
 namespace detail {
-// Scores a validated profile against `current_prefix` (checked here).
-inline ChunkScore score_profile(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix, double alpha) {
+// β, γ, β' and CFO of a validated profile against `current_prefix` (checked here); N and the recompute set
+// are left empty (fill_recompute adds them).
+inline ChunkScore score_cfo(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix, double alpha) {
   require(!contains_id(current_prefix, p.chunk_id), "CCIScorer: chunk {:#x} appears in its own current prefix",
           p.chunk_id);
   ChunkScore s;
@@ -471,11 +464,22 @@ inline ChunkScore score_profile(const ChunkProfile& p, std::span<const std::uint
   s.size = p.size;
   s.cci = p.cci;
   s.beta = prefix_overlap(span_of(p.stored_prefix), span_of(p.prefix_inter), current_prefix);  // eq. 6
-  s.gamma = order_penalty(span_of(p.stored_prefix), current_prefix);                   // eq. 7
-  s.beta_adjusted = adjusted_prefix_overlap(s.beta, s.gamma);                // eq. 8
-  s.cfo = cache_fix_overhead(p.cci, s.beta_adjusted, alpha);                 // eq. 12
-  s.num_recompute = recompute_count(s.cfo, p.size);                          // eq. 14
+  s.gamma = order_penalty(span_of(p.stored_prefix), current_prefix);                            // eq. 7
+  s.beta_adjusted = adjusted_prefix_overlap(s.beta, s.gamma);                                   // eq. 8
+  s.cfo = cache_fix_overhead(p.cci, s.beta_adjusted, alpha);                                    // eq. 12
+  return s;
+}
+
+// N = ⌈CFO · |C|⌉ and the top N of the profile's ranking (eq. 14), for a score from score_cfo on `p`.
+inline void fill_recompute(ChunkScore& s, const ChunkProfile& p) {
+  s.num_recompute = recompute_count(s.cfo, p.size);
   s.recompute = top_of_ranking(span_of(p.token_ranking), s.num_recompute);
+}
+
+// score_cfo and fill_recompute: the full online score of a validated profile.
+inline ChunkScore score_profile(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix, double alpha) {
+  ChunkScore s = score_cfo(p, current_prefix, alpha);
+  fill_recompute(s, p);
   return s;
 }
 }  // namespace detail

@@ -29,6 +29,7 @@
 //     layer-equivalents of reusable tokens, about 0.5 % of a full prefill of a 30-layer model.
 //     Margins (not absolute ratios) are configured so that changing r alone keeps the schedule consistent.
 //   - rank by V: CacheBlend's reference implementation ranks tokens by the deviation of V; K is available.
+//     HKVDConfig::rank_by tells the engine which tensor's deviation to compute and pass to select().
 //   - counts: check i keeps round(r_i * n_reusable) reusable tokens (nearest integer; the reference
 //     implementation truncates, which turns 0.29 * 100 = 28.999... into 28). Ties in deviation go to the
 //     lower position.
@@ -43,10 +44,16 @@
 
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
+#include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/detail/math.hpp"
 
 namespace kvfuse {
 
-// Which cached tensor the KV deviation compares.
+// The per-token KV deviations HKVDSelector ranks (CacheBlend section 4.1), computed on the host from the
+// recomputed and cached K or V rows of one layer; the CUDA kernels run the same element math.
+using detail::kv_deviation;
+
+// Which cached tensor the KV deviation compares (see HKVDConfig::rank_by).
 enum class KVTensor { key, value };
 
 struct HKVDConfig {
@@ -56,6 +63,11 @@ struct HKVDConfig {
   std::vector<int> check_layers{1, 2, 3};
   // Check i keeps r_i = min(1, r + ratio_margins[i]); non-increasing, >= 0, the last one 0 (so r_last = r).
   std::vector<double> ratio_margins{0.10, 0.05, 0.0};
+  // Which tensor the engine compares, recomputed against cached, when it computes the per-token deviations
+  // it passes to select() (detail::kv_deviation over K or over V of the check layer). The selector itself
+  // ranks whatever deviations it is given and never reads this field: it is an instruction to the engine,
+  // kept in the config so that the ranked tensor is chosen and validated with the rest of the schedule.
+  // CacheBlend's reference implementation ranks by V (the default).
   KVTensor rank_by = KVTensor::value;
 
   // r_i of check i (CacheBlend section 4.3, gradual filtering).
@@ -203,14 +215,8 @@ class HKVDSelector {
     }
     const auto k = static_cast<std::size_t>(
         std::min<std::int64_t>(budget(check_position(layer)), static_cast<std::int64_t>(candidates.size())));
-    if (k < candidates.size()) {
-      // Top-k by (deviation desc, position asc); current is sorted, so position order is index order.
-      const auto higher = [&](std::size_t a, std::size_t b) {
-        return deviation[a] > deviation[b] || (deviation[a] == deviation[b] && a < b);
-      };
-      std::nth_element(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(k), candidates.end(),
-                       higher);
-    }
+    // Top-k by (deviation desc, position asc) in O(n); current is sorted, so position order is index order.
+    detail::partition_top_k(std::span<std::size_t>(candidates), deviation.data(), k);
     for (std::size_t c = 0; c < k; ++c) keep[candidates[c]] = 1;
 
     TokenSet next;

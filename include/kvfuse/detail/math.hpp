@@ -1,0 +1,54 @@
+#pragma once
+// Numeric helpers shared by several policies:
+//  - tolerant_ceil: ⌈x⌉ that ignores floating-point noise just above an integer (Cache-Craft eq. 14's
+//    N = ⌈CFO · |C|⌉, the preload depth ⌈L_p⌉ of eq. 16);
+//  - the token order "score descending, ties to the lower position" in which CacheBlend keeps its HKVD
+//    tokens (section 4.3) and Cache-Craft ranks a chunk's tokens (eq. 14), and an O(n) top-k over it.
+// The per-element pieces are KVFUSE_HOST_DEVICE so a CUDA top-k can use the very same order.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include "kvfuse/core/config.hpp"
+
+namespace kvfuse::detail {
+
+// ⌈x⌉, except that an x within a relative 1e-9 above an integer n (0 <= x − n <= 1e-9 · |x|) counts as n,
+// so that rounding noise (0.1 · 3 · 10 = 3.0000000000000004) does not add a whole unit. The slack is
+// relative at every magnitude: for 0 < x < 1 it is below x, so a tiny positive x still gives 1.
+KVFUSE_HOST_DEVICE double tolerant_ceil(double x) {
+  const double below = std::floor(x);
+  return x - below <= 1e-9 * std::fabs(x) ? below : below + 1.0;
+}
+
+// True when a token with `score_a` at `pos_a` ranks before one with `score_b` at `pos_b`: higher score
+// first, equal scores to the lower position (CacheBlend section 4.3 HKVD tokens, Cache-Craft eq. 14).
+template <class Score, class Pos>
+KVFUSE_HOST_DEVICE bool ranks_before(Score score_a, Pos pos_a, Score score_b, Pos pos_b) {
+  return score_a > score_b || (score_a == score_b && pos_a < pos_b);
+}
+
+// Strict weak order on positions into `scores` by ranks_before, for std::sort / std::nth_element. With no
+// NaN among the compared scores it is a strict total order, so the result does not depend on the algorithm.
+template <class Score>
+struct ScoreDescending {
+  const Score* scores;
+
+  template <class Pos>
+  KVFUSE_HOST_DEVICE bool operator()(Pos a, Pos b) const {
+    return ranks_before(scores[a], a, scores[b], b);
+  }
+};
+
+// Moves the k positions of `positions` that rank first by scores[position] (ScoreDescending) to its
+// front, in unspecified order; the rest follow. O(n) on average (std::nth_element); k >= size keeps all.
+template <class Score, class Pos>
+void partition_top_k(std::span<Pos> positions, const Score* scores, std::size_t k) {
+  if (k >= positions.size()) return;
+  std::nth_element(positions.begin(), positions.begin() + static_cast<std::ptrdiff_t>(k), positions.end(),
+                   ScoreDescending<Score>{scores});
+}
+
+}  // namespace kvfuse::detail
