@@ -38,9 +38,10 @@ class KvfuseConan(ConanFile):
         cmake_layout(self)
 
     def requirements(self):
-        # Public headers include fmt (and, later, Eigen): consumers compile against them.
+        # Public headers include fmt; kvfuse::cpu also Eigen and PCRE2: consumers compile against them.
         self.requires("fmt/9.1.0", transitive_headers=True, transitive_libs=True)
         self.requires("eigen/3.4.0", transitive_headers=True)
+        self.requires("pcre2/10.42", transitive_headers=True, transitive_libs=True)
 
     def package_id(self):
         # Headers do not depend on compiler, OS or build type; the cuda option stays in the id because it
@@ -88,10 +89,17 @@ class KvfuseConan(ConanFile):
         # declared, only theirs count, so the builddir sits on the core component.
         core = self.cpp_info.components["kvfuse"]
         core.set_property("cmake_target_name", "kvfuse::kvfuse")
-        core.requires = ["fmt::fmt", "eigen::eigen"]
+        core.requires = ["fmt::fmt"]
         core.builddirs = [os.path.join("lib", "cmake", "kvfuse")]
         core.bindirs = []
         core.libdirs = []
+        # kvfuse::cpu: GGUF models, tokenizer and the Eigen reference backend.
+        cpu = self.cpp_info.components["cpu"]
+        cpu.set_property("cmake_target_name", "kvfuse::cpu")
+        cpu.requires = ["kvfuse", "eigen::eigen", "pcre2::pcre2"]
+        cpu.system_libs = ["pthread"]
+        cpu.bindirs = []
+        cpu.libdirs = []
         if self.options.cuda:
             # The CUDA toolkit is not a Conan package: it comes from the system (nvcc, libcudart).
             cuda = self.cpp_info.components["cuda"]

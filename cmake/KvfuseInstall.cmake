@@ -2,6 +2,9 @@ include(CMakePackageConfigHelpers)
 
 set(KVFUSE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvfuse)
 set(_kvfuse_targets kvfuse)
+if(KVFUSE_CPU_BACKEND)
+  list(APPEND _kvfuse_targets kvfuse_cpu)
+endif()
 if(KVFUSE_CUDA)
   list(APPEND _kvfuse_targets kvfuse_cuda)
 endif()
@@ -17,6 +20,7 @@ install(EXPORT kvfuseTargets NAMESPACE kvfuse:: DESTINATION ${KVFUSE_CMAKE_DIR})
 export(EXPORT kvfuseTargets NAMESPACE kvfuse:: FILE ${PROJECT_BINARY_DIR}/kvfuseTargets.cmake)
 
 set(KVFUSE_HAS_CUDA ${KVFUSE_CUDA})
+set(KVFUSE_HAS_CPU ${KVFUSE_CPU_BACKEND})
 configure_package_config_file(cmake/kvfuseConfig.cmake.in
   ${PROJECT_BINARY_DIR}/kvfuseConfig.cmake INSTALL_DESTINATION ${KVFUSE_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvfuseConfigVersion.cmake

@@ -7,7 +7,8 @@ set -euo pipefail
 APT_PACKAGES=(
   cmake make g++           # build
   libfmt-dev               # kvfuse's one public dependency
-  libeigen3-dev            # reference CPU backend
+  libeigen3-dev            # reference CPU backend (kvfuse::cpu)
+  libpcre2-dev pkg-config  # tokenizer pre-tokenizer regexes (kvfuse::cpu)
   doctest-dev              # unit tests
   libbenchmark-dev         # benchmarks
   gnuplot-nox              # benchmark plots
