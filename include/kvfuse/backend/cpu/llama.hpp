@@ -1,0 +1,600 @@
+#pragma once
+// CpuLlama: the reference Llama forward pass on the CPU (Eigen, fp32), with the layer-wise operations of the
+// fusion loop every position-independent caching method shares (design.md, "The one loop all fusion
+// methods share"):
+//   full_prefill        all tokens, every layer                                   -> KV + last-token logits
+//   prefill_chunk       one chunk in isolation at given positions (a chunk cache)  -> KV
+//   rope_shift          move cached K from its positions to new ones: one rotation by Δ = new − old
+//   partial_prefill     layer by layer, recompute only the selected set S_l against a merged KV, with the
+//                       exact causal mask by position, report KV deviation (and attention statistics),
+//                       and let a policy choose S_{l+1} ⊆ S_l                     -> last-token logits
+//   extend / greedy_decode   append tokens to a KV (chunked prefill, decoding)
+// The model of kvfuse::ComputeBackend built on it, CpuLlamaSession, is in backend/cpu_llama.hpp.
+//
+// The forward pass (llama.cpp LLM_ARCH_LLAMA):
+//   h = token_embd[t]
+//   per layer: x = RMSNorm(h) ⊙ attn_norm;  q = W_q x, k = W_k x, v = W_v x;  RoPE(q), RoPE(k) at the
+//              token's position;  h += W_o · concat_h softmax(q_h · K_g^T / sqrt(d) + mask) V_g with
+//              g = h / (n_head / n_head_kv);
+//              x = RMSNorm(h) ⊙ ffn_norm;  h += W_down (silu(W_gate x) ⊙ W_up x)
+//   logits = W_out · (RMSNorm(h) ⊙ output_norm), W_out = token_embd when the head is tied.
+// RMSNorm(h) = h / sqrt(mean(h²) + eps), the sum of squares taken in double.
+//
+// Attention mask: a query at position p attends to every KV row whose position is <= p, wherever that row
+// sits in the cache — the exact causal mask by position. (Public CacheBlend/LMCache code aligns the mask to
+// the bottom right, letting a selected token see later keys; kvfuse does not.) Masked weights are exact
+// zeros, so a masked row never changes a result as long as its V is finite.
+//
+// Threads: matrix products are split over output features and attention over (head, block of queries) on a
+// detail::WorkerPool of CpuLlamaOptions::threads threads. One CpuLlama may be used from several threads at
+// once (the const operations do not modify it); concurrent calls share the pool (see worker_pool.hpp).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "kvfuse/backend/cpu/kv_cache.hpp"
+#include "kvfuse/backend/cpu/llama_config.hpp"
+#include "kvfuse/backend/cpu/worker_pool.hpp"
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/detail/rope.hpp"
+
+namespace kvfuse {
+
+// Attention statistics of one layer of a partial prefill, for the rows it computed (S_l, in order), against
+// groups of KV rows given by a PromptLayout over the rows: chunk j of the layout is group j, the query is
+// group chunks.size(). Weights are the softmax probabilities summed over all query heads.
+struct LayerAttention {
+  std::int64_t num_groups = 0;
+  std::vector<float> mass;       // [|S_l|][num_groups]: weight of selected row i on the rows of group g
+  std::vector<float> self_mass;  // [|S_l|]: weight of selected row i on itself (part of its own group's mass)
+
+  [[nodiscard]] float at(std::size_t i, std::size_t group) const noexcept {
+    return mass[i * static_cast<std::size_t>(num_groups) + group];
+  }
+};
+
+// What a selection policy sees after layer `layer` of a partial prefill.
+struct LayerReport {
+  std::int64_t layer = 0;
+  const TokenSet& selected;            // S_l: the rows this layer computed (ascending)
+  std::span<const float> k_deviation;  // per entry of selected: squared L2 of recomputed − cached K (CacheBlend 4.1)
+  std::span<const float> v_deviation;  // the same for V
+  const LayerAttention* attention;     // nullptr unless PartialPrefillOptions::attention_groups was given
+};
+
+// Returns S_{l+1} ⊆ S_l, which must keep the last row. The value returned after the last layer is not used.
+using SelectionPolicy = std::function<TokenSet(const LayerReport&)>;
+
+struct PartialPrefillOptions {
+  // When set, every LayerReport carries LayerAttention over these groups (layout.num_tokens() == rows).
+  const PromptLayout* attention_groups = nullptr;
+};
+
+struct PartialPrefillResult {
+  std::vector<float> logits;                     // of the last row
+  std::vector<std::int64_t> selected_per_layer;  // |S_l|, l = 0 .. L-1
+};
+
+struct LlamaPrefill {
+  LlamaKVCache kv;
+  std::vector<float> logits;  // of the last token
+};
+
+struct CpuLlamaOptions {
+  int threads = 0;                // threads of the worker pool, the caller included; 0: hardware_concurrency
+  std::int64_t query_block = 64;  // queries per attention task
+
+  void validate() const {
+    detail::require(threads >= 0, "CpuLlamaOptions: threads = {} must be >= 0 (0: one per hardware thread)", threads);
+    detail::require(query_block >= 1, "CpuLlamaOptions: query_block = {} must be >= 1", query_block);
+  }
+};
+
+// Index of the largest value, the lowest index among equals.
+[[nodiscard]] inline token_id argmax_token(std::span<const float> logits) {
+  detail::require(!logits.empty(), "argmax_token: no logits");
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<token_id>(best);
+}
+
+class CpuLlamaSession;
+
+class CpuLlama {
+ public:
+  CpuLlama(LlamaConfig config, LlamaWeights weights, CpuLlamaOptions options = {})
+      : config_(std::move(config)), weights_(std::move(weights)), options_(options) {
+    config_.validate();
+    weights_.validate(config_);
+    options_.validate();
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    pool_ = std::make_unique<detail::WorkerPool>(options_.threads == 0 ? static_cast<int>(hw) : options_.threads);
+    fingerprint_ = compute_fingerprint();
+  }
+
+  // The model in a GGUF file (LlamaConfig::from_gguf, LlamaWeights::from_gguf).
+  [[nodiscard]] static CpuLlama from_gguf(const GGUFFile& file, CpuLlamaOptions options = {}) {
+    LlamaConfig config = LlamaConfig::from_gguf(file);
+    LlamaWeights weights = LlamaWeights::from_gguf(file, config);
+    return CpuLlama(std::move(config), std::move(weights), options);
+  }
+
+  [[nodiscard]] const LlamaConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const LlamaWeights& weights() const noexcept { return weights_; }
+  [[nodiscard]] int threads() const noexcept { return pool_->size(); }
+
+  // FNV-1a over the config and, per tensor, its shape and first / last values: tells models apart for
+  // KVKey::model (backend/concepts.hpp).
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
+
+  // An empty cache (0 rows) of this model's shape.
+  [[nodiscard]] LlamaKVCache empty_kv() const { return LlamaKVCache(config_.n_layer, config_.kv_dim(), 0); }
+
+  // Prefill of `tokens` at positions 0 .. n-1: the KV of every token and the logits of the last one.
+  [[nodiscard]] LlamaPrefill full_prefill(std::span<const token_id> tokens) const {
+    detail::require(!tokens.empty(), "CpuLlama::full_prefill: no tokens");
+    LlamaPrefill out{prefill_kv(tokens, 0, "CpuLlama::full_prefill"), {}};
+    out.logits = run(out.kv, all_rows(out.kv.num_rows()), tokens, nullptr, nullptr, true, nullptr);
+    return out;
+  }
+
+  // The KV of a chunk computed in isolation (it attends only to itself) at positions
+  // first_position .. first_position + n - 1: the chunk cache the fusion methods store. Empty tokens give
+  // an empty cache.
+  [[nodiscard]] LlamaKVCache prefill_chunk(std::span<const token_id> tokens, std::int64_t first_position) const {
+    detail::require(first_position >= 0, "CpuLlama::prefill_chunk: first_position {} is negative", first_position);
+    LlamaKVCache kv = prefill_kv(tokens, first_position, "CpuLlama::prefill_chunk");
+    if (!tokens.empty()) run(kv, all_rows(kv.num_rows()), tokens, nullptr, nullptr, false, nullptr);
+    return kv;
+  }
+
+  // Moves the cached K of rows [rows.begin, rows.end) from their positions p to p + delta with one rotation
+  // by delta (detail::rope_shift); V does not depend on position. The new positions must be >= 0.
+  void rope_shift(LlamaKVCache& kv, TokenRange rows, std::int64_t delta) const {
+    check_kv(kv, "CpuLlama::rope_shift");
+    validate_range(rows, kv.num_rows(), "CpuLlama::rope_shift");
+    for (std::int64_t r = rows.begin; r < rows.end; ++r) {
+      const std::int64_t p = kv.positions[static_cast<std::size_t>(r)];
+      detail::require(p + delta >= 0, "CpuLlama::rope_shift: row {} at position {} would move to {}", r, p, p + delta);
+    }
+    const std::int64_t hd = config_.head_dim;
+    const detail::RopeParams rp = config_.rope_params();
+    std::vector<float> cos_d(static_cast<std::size_t>(hd / 2));
+    std::vector<float> sin_d(cos_d.size());
+    detail::rope_cos_sin(rp, static_cast<double>(delta), cos_d.data(), sin_d.data());
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      for (std::int64_t r = rows.begin; r < rows.end; ++r) {
+        float* k = kv.k_row(l, r);
+        for (std::int64_t g = 0; g < config_.n_head_kv; ++g)
+          detail::rope_rotate_head(k + g * hd, hd, rp.pairing, cos_d.data(), sin_d.data());
+      }
+    }
+    for (std::int64_t r = rows.begin; r < rows.end; ++r) kv.positions[static_cast<std::size_t>(r)] += delta;
+  }
+
+  // The fusion loop. `merged` holds one row per prompt token (tokens[i] is the token of row i), its K at
+  // the row's position, usually cached chunks moved to their prompt positions with rope_shift. Layer by
+  // layer l = 0 .. L-1, for the selected rows S_l (S_0 = `initial`):
+  //   compute their Q, K, V; report the K and V deviation against the rows' current contents; write their
+  //   K, V over those rows; their queries attend to every row at a position <= their own; MLP;
+  //   S_{l+1} = policy(report) (an empty policy keeps S_l).
+  // Every S_l must be a sorted, duplicate-free subset of S_{l-1} that contains the last row n - 1, whose
+  // logits are returned. Rows not in S_l keep their KV on layer l. With every row selected at every layer
+  // this is full prefill.
+  PartialPrefillResult partial_prefill(std::span<const token_id> tokens, LlamaKVCache& merged, const TokenSet& initial,
+                                       const SelectionPolicy& policy, const PartialPrefillOptions& options = {}) const {
+    check_kv(merged, "CpuLlama::partial_prefill");
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    detail::require(n >= 1, "CpuLlama::partial_prefill: no tokens");
+    detail::require(merged.num_rows() == n, "CpuLlama::partial_prefill: {} tokens but the merged KV holds {} rows", n,
+                    merged.num_rows());
+    check_tokens(tokens, "CpuLlama::partial_prefill");
+    check_selection(initial, n, "CpuLlama::partial_prefill: initial set");
+    detail::require(!initial.empty() && initial.back() == n - 1,
+                    "CpuLlama::partial_prefill: the initial set must contain the last row {} (its logits are the "
+                    "result)",
+                    n - 1);
+    if (options.attention_groups != nullptr) {
+      options.attention_groups->validate();
+      detail::require(options.attention_groups->num_tokens() == n,
+                      "CpuLlama::partial_prefill: attention groups cover {} tokens, the prompt has {}",
+                      options.attention_groups->num_tokens(), n);
+    }
+    std::vector<token_id> initial_tokens(initial.size());
+    for (std::size_t i = 0; i < initial.size(); ++i) initial_tokens[i] = tokens[static_cast<std::size_t>(initial[i])];
+    PartialPrefillResult result;
+    const SelectionPolicy keep = [](const LayerReport& r) { return r.selected; };
+    result.logits = run(merged, initial, initial_tokens, policy ? &policy : &keep, options.attention_groups, true,
+                        &result.selected_per_layer);
+    return result;
+  }
+
+  // Chunked prefill / decoding: appends `tokens` to kv at the positions after its highest one (0 for an
+  // empty cache), computes them against all of kv, and returns the logits of the last appended token.
+  std::vector<float> extend(LlamaKVCache& kv, std::span<const token_id> tokens) const {
+    check_kv(kv, "CpuLlama::extend");
+    detail::require(!tokens.empty(), "CpuLlama::extend: no tokens");
+    const std::int64_t first =
+        kv.positions.empty() ? 0 : *std::max_element(kv.positions.begin(), kv.positions.end()) + 1;
+    LlamaKVCache added = prefill_kv(tokens, first, "CpuLlama::extend");
+    const std::int64_t begin = kv.num_rows();
+    kv.append(added);
+    TokenSet rows(tokens.size());
+    std::iota(rows.begin(), rows.end(), begin);
+    return run(kv, rows, tokens, nullptr, nullptr, true, nullptr);
+  }
+
+  // Greedy decoding: the most likely token after `last_logits` (the logits of kv's last token), appended
+  // with extend, and so on, until `eos` (not included) or max_new_tokens tokens. kv grows by every
+  // generated token but the last. eos < 0 never matches (decode max_new_tokens tokens).
+  std::vector<token_id> greedy_decode(LlamaKVCache& kv, std::span<const float> last_logits, std::int64_t max_new_tokens,
+                                      token_id eos) const {
+    detail::require(static_cast<std::int64_t>(last_logits.size()) == config_.n_vocab,
+                    "CpuLlama::greedy_decode: {} logits for a vocabulary of {}", last_logits.size(), config_.n_vocab);
+    detail::require(max_new_tokens >= 0, "CpuLlama::greedy_decode: max_new_tokens = {} is negative", max_new_tokens);
+    std::vector<token_id> out;
+    std::vector<float> logits(last_logits.begin(), last_logits.end());
+    while (static_cast<std::int64_t>(out.size()) < max_new_tokens) {
+      const token_id next = argmax_token(logits);
+      if (next == eos) break;
+      out.push_back(next);
+      if (static_cast<std::int64_t>(out.size()) == max_new_tokens) break;
+      logits = extend(kv, std::span<const token_id>(&out.back(), 1));
+    }
+    return out;
+  }
+
+ private:
+  friend class CpuLlamaSession;
+
+  static TokenSet all_rows(std::int64_t n) {
+    TokenSet rows(static_cast<std::size_t>(n));
+    std::iota(rows.begin(), rows.end(), std::int64_t{0});
+    return rows;
+  }
+
+  // Zero KV rows for `tokens` at first_position, first_position + 1, ...
+  // (tokens checked against the vocabulary; `what` names the caller in errors).
+  [[nodiscard]] LlamaKVCache prefill_kv(std::span<const token_id> tokens, std::int64_t first_position,
+                                        const char* what) const {
+    check_tokens(tokens, what);
+    LlamaKVCache kv(config_.n_layer, config_.kv_dim(), static_cast<std::int64_t>(tokens.size()));
+    for (std::size_t r = 0; r < tokens.size(); ++r) kv.positions[r] = first_position + static_cast<std::int64_t>(r);
+    return kv;
+  }
+
+  void check_tokens(std::span<const token_id> tokens, const char* what) const {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      detail::require(tokens[i] >= 0 && tokens[i] < config_.n_vocab,
+                      "{}: token {} at index {} is outside the vocabulary [0, {})", what, tokens[i], i,
+                      config_.n_vocab);
+    }
+  }
+
+  void check_kv(const LlamaKVCache& kv, const char* what) const {
+    detail::require(kv.num_layers() == config_.n_layer && kv.kv_dim == config_.kv_dim(),
+                    "{}: KV cache of {} layers x {} does not fit the model ({} layers x {})", what, kv.num_layers(),
+                    kv.kv_dim, config_.n_layer, config_.kv_dim());
+    kv.check_shape(what);
+  }
+
+  // A sorted, duplicate-free set of rows in [0, n).
+  static void check_selection(const TokenSet& set, std::int64_t n, const char* what) {
+    for (std::size_t i = 0; i < set.size(); ++i) {
+      detail::require(set[i] >= 0 && set[i] < n, "{}: row {} (entry {}) is outside [0, {})", what, set[i], i, n);
+      detail::require(i == 0 || set[i] > set[i - 1], "{}: row {} (entry {}) is not above the previous row {}", what,
+                      set[i], i, set[i - 1]);
+    }
+  }
+
+  // Tasks to split `work` multiply-adds into: one per pool thread, but a single task (no thread hand-off)
+  // below kParallelWork, where waking another thread costs more than it saves.
+  static constexpr std::int64_t kParallelWork = std::int64_t{1} << 21;
+  [[nodiscard]] std::int64_t tasks_for(std::int64_t work, std::int64_t max_tasks) const noexcept {
+    return work < kParallelWork ? 1 : std::max<std::int64_t>(1, std::min<std::int64_t>(pool_->size(), max_tasks));
+  }
+
+  // y = x W^T, split over the rows of W (output features).
+  void project(const RowMatrix& x, const RowMatrix& w, RowMatrix& y) const {
+    y.resize(x.rows(), w.rows());
+    const std::int64_t out = w.rows();
+    const std::int64_t tasks = tasks_for(x.rows() * w.rows() * w.cols(), out / 32);
+    pool_->parallel_for(tasks, [&](std::int64_t t) {
+      const std::int64_t c0 = out * t / tasks;
+      const std::int64_t c1 = out * (t + 1) / tasks;
+      y.middleCols(c0, c1 - c0).noalias() = x * w.middleRows(c0, c1 - c0).transpose();
+    });
+  }
+
+  // y = RMSNorm(x) ⊙ weight, row by row.
+  void rms_norm(const RowMatrix& x, const Eigen::VectorXf& weight, RowMatrix& y) const {
+    y.resize(x.rows(), x.cols());
+    const auto e = static_cast<double>(x.cols());
+    for (Eigen::Index i = 0; i < x.rows(); ++i) {
+      const double ss = x.row(i).cast<double>().squaredNorm();
+      const auto scale = static_cast<float>(1.0 / std::sqrt(ss / e + config_.rms_eps));
+      y.row(i) = (x.row(i) * scale).cwiseProduct(weight.transpose());
+    }
+  }
+
+  // Attention of the selected rows' queries q ([|sel|][q_dim], rotated) over layer `layer` of kv; writes
+  // out ([|sel|][q_dim]) and, when `groups` is set, the statistics.
+  void attention(std::int64_t layer, const LlamaKVCache& kv, const TokenSet& sel, const RowMatrix& q, RowMatrix& out,
+                 const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats) const {
+    using StridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
+    using StridedOut = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
+    const auto s = static_cast<std::int64_t>(sel.size());
+    const std::int64_t hd = config_.head_dim;
+    const std::int64_t qd = config_.q_dim();
+    const std::int64_t kvd = config_.kv_dim();
+    const std::int64_t n_head = config_.n_head;
+    const std::int64_t group = config_.group_size();
+    const std::int64_t bs = options_.query_block;
+    const std::int64_t blocks = (s + bs - 1) / bs;
+    const std::vector<std::int64_t>& pos = kv.positions;
+    const auto n_rows = static_cast<std::int64_t>(pos.size());
+
+    // Rows a block of queries can see all lie before keys[b]: one past the last row at a position <= the
+    // block's highest query position (rows after it are masked for every query of the block).
+    std::vector<std::int64_t> keys(static_cast<std::size_t>(blocks));
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      std::int64_t max_pos = std::numeric_limits<std::int64_t>::min();
+      for (std::int64_t i = b * bs; i < std::min(s, (b + 1) * bs); ++i)
+        max_pos = std::max(max_pos, pos[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
+      std::int64_t r = n_rows;
+      while (r > 0 && pos[static_cast<std::size_t>(r - 1)] > max_pos) --r;
+      keys[static_cast<std::size_t>(b)] = r;
+    }
+
+    out.resize(s, qd);
+    std::vector<float> head_mass;
+    std::vector<float> head_self;
+    if (stats != nullptr) {
+      head_mass.assign(static_cast<std::size_t>(n_head * s * num_groups), 0.0f);
+      head_self.assign(static_cast<std::size_t>(n_head * s), 0.0f);
+    }
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    const auto head_block = [&](std::int64_t task) {
+      const std::int64_t h = task / blocks;
+      const std::int64_t b = task % blocks;
+      const std::int64_t i0 = b * bs;
+      const std::int64_t m = std::min(s, i0 + bs) - i0;
+      const std::int64_t nk = keys[static_cast<std::size_t>(b)];
+      const std::int64_t g = h / group;  // GQA: consecutive query heads share a KV head
+      const StridedMap k(kv.k_row(layer, 0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
+      const StridedMap v(kv.v_row(layer, 0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
+      const StridedMap qh(q.data() + i0 * qd + h * hd, m, hd, Eigen::OuterStride<>(qd));
+      RowMatrix p(m, nk);
+      p.noalias() = qh * k.transpose();
+      std::vector<double> acc(static_cast<std::size_t>(num_groups));
+      for (std::int64_t i = 0; i < m; ++i) {
+        const std::int64_t row = sel[static_cast<std::size_t>(i0 + i)];
+        const std::int64_t qpos = pos[static_cast<std::size_t>(row)];
+        float* w = p.row(i).data();
+        float mx = -std::numeric_limits<float>::infinity();
+        for (std::int64_t r = 0; r < nk; ++r) {
+          w[r] *= scale;
+          if (pos[static_cast<std::size_t>(r)] <= qpos) mx = std::max(mx, w[r]);
+        }
+        double sum = 0.0;
+        for (std::int64_t r = 0; r < nk; ++r) {
+          w[r] = pos[static_cast<std::size_t>(r)] <= qpos ? std::exp(w[r] - mx) : 0.0f;  // exact causal mask
+          sum += w[r];
+        }
+        const auto inv = static_cast<float>(1.0 / sum);
+        for (std::int64_t r = 0; r < nk; ++r) w[r] *= inv;
+        if (stats != nullptr) {
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (std::int64_t r = 0; r < nk; ++r)
+            acc[static_cast<std::size_t>((*group_of_row)[static_cast<std::size_t>(r)])] += w[r];
+          float* dst = head_mass.data() + ((h * s) + i0 + i) * num_groups;
+          for (std::int64_t gi = 0; gi < num_groups; ++gi)
+            dst[gi] = static_cast<float>(acc[static_cast<std::size_t>(gi)]);
+          head_self[static_cast<std::size_t>(h * s + i0 + i)] = w[row];
+        }
+      }
+      StridedOut o(out.data() + i0 * qd + h * hd, m, hd, Eigen::OuterStride<>(qd));
+      o.noalias() = p * v;
+    };
+    std::int64_t work = 0;  // multiply-adds of QK^T and PV
+    for (std::int64_t b = 0; b < blocks; ++b)
+      work += 2 * n_head * std::min(bs, s - b * bs) * keys[static_cast<std::size_t>(b)] * hd;
+    if (tasks_for(work, n_head * blocks) == 1) {
+      for (std::int64_t t = 0; t < n_head * blocks; ++t) head_block(t);
+    } else {
+      pool_->parallel_for(n_head * blocks, head_block);
+    }
+    if (stats != nullptr) {
+      stats->num_groups = num_groups;
+      stats->mass.assign(static_cast<std::size_t>(s * num_groups), 0.0f);
+      stats->self_mass.assign(static_cast<std::size_t>(s), 0.0f);
+      for (std::int64_t h = 0; h < n_head; ++h) {
+        for (std::int64_t i = 0; i < s * num_groups; ++i)
+          stats->mass[static_cast<std::size_t>(i)] += head_mass[static_cast<std::size_t>(h * s * num_groups + i)];
+        for (std::int64_t i = 0; i < s; ++i)
+          stats->self_mass[static_cast<std::size_t>(i)] += head_self[static_cast<std::size_t>(h * s + i)];
+      }
+    }
+  }
+
+  // The layer loop. Computes rows `sel` (S_0; their tokens in `sel_tokens`) of kv on every layer, attending to
+  // all rows of kv by position; after each layer asks `policy` (if any) for S_{l+1}. Returns the logits of
+  // the last row of S_0 when `want_logits` (that row must stay selected), else nothing.
+  std::vector<float> run(LlamaKVCache& kv, TokenSet sel, std::span<const token_id> sel_tokens,
+                         const SelectionPolicy* policy, const PromptLayout* groups, bool want_logits,
+                         std::vector<std::int64_t>* sizes) const {
+    const std::int64_t e = config_.n_embd;
+    const std::int64_t hd = config_.head_dim;
+    const std::int64_t pairs = hd / 2;
+    const RopePairing pairing = config_.rope_pairing;
+    const std::int64_t logits_row = sel.back();
+    auto s = static_cast<std::int64_t>(sel.size());
+
+    RowMatrix h(s, e);
+    for (std::int64_t i = 0; i < s; ++i) h.row(i) = weights_.token_embd.row(sel_tokens[static_cast<std::size_t>(i)]);
+
+    // RoPE cos / sin of every S_0 row, reused on every layer; origin[i] = index in S_0 of entry i of S_l.
+    const detail::RopeParams rp = config_.rope_params();
+    std::vector<float> cos_t(static_cast<std::size_t>(s * pairs));
+    std::vector<float> sin_t(cos_t.size());
+    for (std::int64_t i = 0; i < s; ++i) {
+      const auto p = static_cast<double>(kv.positions[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
+      detail::rope_cos_sin(rp, p, cos_t.data() + i * pairs, sin_t.data() + i * pairs);
+    }
+    std::vector<std::int64_t> origin(static_cast<std::size_t>(s));
+    std::iota(origin.begin(), origin.end(), std::int64_t{0});
+
+    std::vector<std::int32_t> group_of_row;
+    std::int64_t num_groups = 0;
+    if (groups != nullptr) {
+      num_groups = static_cast<std::int64_t>(groups->chunks.size()) + 1;
+      group_of_row.assign(static_cast<std::size_t>(kv.num_rows()), static_cast<std::int32_t>(num_groups - 1));
+      for (std::size_t j = 0; j < groups->chunks.size(); ++j)
+        for (std::int64_t r = groups->chunks[j].range.begin; r < groups->chunks[j].range.end; ++r)
+          group_of_row[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(j);
+    }
+
+    RowMatrix x, q, k, v, att, tmp, gate, up;
+    std::vector<float> k_dev, v_dev;
+    LayerAttention stats;
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(l)];
+      rms_norm(h, w.attn_norm, x);
+      project(x, w.wq, q);
+      project(x, w.wk, k);
+      project(x, w.wv, v);
+      for (std::int64_t i = 0; i < s; ++i) {
+        const float* c = cos_t.data() + origin[static_cast<std::size_t>(i)] * pairs;
+        const float* sn = sin_t.data() + origin[static_cast<std::size_t>(i)] * pairs;
+        for (std::int64_t head = 0; head < config_.n_head; ++head)
+          detail::rope_rotate_head(q.row(i).data() + head * hd, hd, pairing, c, sn);
+        for (std::int64_t head = 0; head < config_.n_head_kv; ++head)
+          detail::rope_rotate_head(k.row(i).data() + head * hd, hd, pairing, c, sn);
+      }
+      if (policy != nullptr) {  // CacheBlend section 4.1: deviation of the recomputed K / V from the cached rows
+        k_dev.resize(static_cast<std::size_t>(s));
+        v_dev.resize(static_cast<std::size_t>(s));
+        for (std::int64_t i = 0; i < s; ++i) {
+          const std::int64_t row = sel[static_cast<std::size_t>(i)];
+          k_dev[static_cast<std::size_t>(i)] =
+              detail::kv_row_deviation(k.row(i).data(), kv.k_row(l, row), config_.n_head_kv, hd);
+          v_dev[static_cast<std::size_t>(i)] =
+              detail::kv_row_deviation(v.row(i).data(), kv.v_row(l, row), config_.n_head_kv, hd);
+        }
+      }
+      for (std::int64_t i = 0; i < s; ++i) {
+        const std::int64_t row = sel[static_cast<std::size_t>(i)];
+        std::copy_n(k.row(i).data(), k.cols(), kv.k_row(l, row));
+        std::copy_n(v.row(i).data(), v.cols(), kv.v_row(l, row));
+      }
+      attention(l, kv, sel, q, att, groups != nullptr ? &group_of_row : nullptr, num_groups,
+                groups != nullptr ? &stats : nullptr);
+      project(att, w.wo, tmp);
+      h += tmp;
+      rms_norm(h, w.ffn_norm, x);
+      project(x, w.w_gate, gate);
+      project(x, w.w_up, up);
+      gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
+      project(gate, w.w_down, tmp);
+      h += tmp;
+      if (sizes != nullptr) sizes->push_back(s);
+
+      if (policy == nullptr) continue;
+      TokenSet next = (*policy)(LayerReport{l, sel, k_dev, v_dev, groups != nullptr ? &stats : nullptr});
+      if (l + 1 == config_.n_layer) break;  // the policy sees the last layer's statistics; S_L is not used
+      check_selection(next, kv.num_rows(), "CpuLlama::partial_prefill: policy result");
+      detail::require(!want_logits || (!next.empty() && next.back() == logits_row),
+                      "CpuLlama::partial_prefill: the policy dropped the last row {} after layer {}", logits_row, l);
+      // S_{l+1} ⊆ S_l: gather the hidden states of the kept rows.
+      RowMatrix kept(static_cast<Eigen::Index>(next.size()), e);
+      std::vector<std::int64_t> kept_origin(next.size());
+      std::size_t j = 0;
+      for (std::size_t i = 0; i < next.size(); ++i) {
+        while (j < sel.size() && sel[j] < next[i]) ++j;
+        detail::require(j < sel.size() && sel[j] == next[i],
+                        "CpuLlama::partial_prefill: the policy selected row {} after layer {}, which layer {} did not "
+                        "compute (S_{{l+1}} must be a subset of S_l)",
+                        next[i], l, l);
+        kept.row(static_cast<Eigen::Index>(i)) = h.row(static_cast<Eigen::Index>(j));
+        kept_origin[i] = origin[j];
+      }
+      h = std::move(kept);
+      origin = std::move(kept_origin);
+      sel = std::move(next);
+      s = static_cast<std::int64_t>(sel.size());
+    }
+    if (!want_logits) return {};
+
+    RowMatrix last = h.row(s - 1);
+    rms_norm(last, weights_.output_norm, x);
+    const RowMatrix& head = weights_.output_head();
+    std::vector<float> logits(static_cast<std::size_t>(config_.n_vocab));
+    const std::int64_t tasks = tasks_for(head.size(), config_.n_vocab / 256);
+    pool_->parallel_for(tasks, [&](std::int64_t t) {
+      const std::int64_t r0 = config_.n_vocab * t / tasks;
+      const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
+      Eigen::Map<Eigen::VectorXf>(logits.data() + r0, r1 - r0).noalias() =
+          head.middleRows(r0, r1 - r0) * x.row(0).transpose();
+    });
+    return logits;
+  }
+
+  [[nodiscard]] std::uint64_t compute_fingerprint() const noexcept {
+    std::uint64_t hsh = kFnvOffset;
+    const auto bytes = [&hsh](const void* data, std::size_t size) {
+      const auto* p = static_cast<const unsigned char*>(data);
+      for (std::size_t i = 0; i < size; ++i) {
+        hsh ^= p[i];
+        hsh *= 0x100000001b3ull;
+      }
+    };
+    const std::int64_t dims[] = {
+        config_.n_layer,  config_.n_embd, config_.n_head,  config_.n_head_kv,
+        config_.head_dim, config_.n_ff,   config_.n_vocab, static_cast<std::int64_t>(config_.rope_pairing)};
+    bytes(dims, sizeof dims);
+    const double reals[] = {config_.rope_base, config_.rms_eps, config_.rope_linear_factor};
+    bytes(reals, sizeof reals);
+    if (!config_.rope_freq_factors.empty())
+      bytes(config_.rope_freq_factors.data(), config_.rope_freq_factors.size() * sizeof(float));
+    const auto tensor = [&](const float* data, std::int64_t size) {
+      bytes(&size, sizeof size);
+      const std::int64_t edge = std::min<std::int64_t>(size, 16);
+      bytes(data, static_cast<std::size_t>(edge) * sizeof(float));
+      bytes(data + size - edge, static_cast<std::size_t>(edge) * sizeof(float));
+    };
+    tensor(weights_.token_embd.data(), weights_.token_embd.size());
+    tensor(weights_.output_norm.data(), weights_.output_norm.size());
+    if (weights_.output.size() != 0) tensor(weights_.output.data(), weights_.output.size());
+    for (const LlamaLayerWeights& w : weights_.layers) {
+      for (const RowMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down})
+        tensor(m->data(), m->size());
+      tensor(w.attn_norm.data(), w.attn_norm.size());
+      tensor(w.ffn_norm.data(), w.ffn_norm.size());
+    }
+    return hsh;
+  }
+
+  LlamaConfig config_;
+  LlamaWeights weights_;
+  CpuLlamaOptions options_;
+  std::unique_ptr<detail::WorkerPool> pool_;
+  std::uint64_t fingerprint_ = 0;
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,211 @@
+#pragma once
+// Reference CPU compute backend: a Llama-architecture model from a GGUF file (or random weights) run in fp32
+// with Eigen on the CPU, and the operations kvfuse's policies need from a compute device.
+//
+// When to use: to run and judge the fusion and scheduling policies on a real model without a GPU — tests,
+// examples, conformance and quality measurements (always against full prefill of the same prompt on the same
+// model). It is a reference, not a serving engine: fp32, no batching, no paged KV.
+//
+// Pieces (each in its own header under backend/cpu/):
+//   LlamaConfig, LlamaWeights  the model (llama_config.hpp): from_gguf, or LlamaWeights::random for tests
+//   LlamaKVCache               per-layer K / V rows with their positions, KVBlock bytes (kv_cache.hpp)
+//   CpuLlama                   the forward pass and the fusion loop's operations (llama.hpp)
+//   CpuLlamaSession            here: one request's prompt and KV, a model of kvfuse::ComputeBackend
+//   chunk_attention, question_attention   here: Cache-Craft statistics from partial_prefill's LayerAttention
+//
+// The RoPE math lives in detail/rope.hpp (KVFUSE_HOST_DEVICE, shared with the CUDA kernels).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/backend/cpu/kv_cache.hpp"
+#include "kvfuse/backend/cpu/llama.hpp"
+#include "kvfuse/backend/cpu/llama_config.hpp"
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/select/cci_scorer.hpp"
+
+namespace kvfuse {
+
+// One request on a CpuLlama: the prompt's tokens and their KV, filled by computing ranges (compute_kv, with
+// the KV of every earlier token resident) and by installing loaded ranges (install_kv). KV rows are prompt
+// positions 0 .. n-1; KVBlock bytes follow LlamaKVCache's layout (per layer the K rows then the V rows,
+// fp32, K rotated at the block's prompt positions). The model must outlive the session.
+class CpuLlamaSession {
+ public:
+  CpuLlamaSession(const CpuLlama& model, std::vector<token_id> prompt)
+      : model_(&model),
+        prompt_(std::move(prompt)),
+        kv_(model.config().n_layer, model.config().kv_dim(), static_cast<std::int64_t>(prompt_.size())),
+        resident_(prompt_.size(), false) {
+    detail::require(!prompt_.empty(), "CpuLlamaSession: empty prompt");
+    model.check_tokens(prompt_, "CpuLlamaSession");
+  }
+
+  [[nodiscard]] std::uint64_t model_fingerprint() const noexcept { return model_->fingerprint(); }
+  [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(prompt_.size()); }
+  [[nodiscard]] std::span<const token_id> prompt() const noexcept { return prompt_; }
+  [[nodiscard]] const LlamaKVCache& kv() const noexcept { return kv_; }
+
+  // Length of the longest resident prefix [0, p).
+  [[nodiscard]] std::int64_t resident_prefix() const noexcept { return prefix_; }
+
+  // Computes the KV of prompt tokens r; the KV of [0, r.begin) must be resident.
+  void compute_kv(TokenRange r) {
+    validate_range(r, num_tokens(), "CpuLlamaSession::compute_kv");
+    detail::require(!r.empty(), "CpuLlamaSession::compute_kv: empty range {}", r);
+    detail::require(prefix_ >= r.begin,
+                    "CpuLlamaSession::compute_kv: computing {} needs the KV of [0, {}) but only [0, {}) is resident", r,
+                    r.begin, prefix_);
+    TokenSet rows;
+    append_range(rows, r);
+    const bool last = r.end == num_tokens();
+    std::vector<float> logits = model_->run(kv_, std::move(rows),
+                                            std::span<const token_id>(prompt_).subspan(
+                                                static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())),
+                                            nullptr, nullptr, last, nullptr);
+    logits_ = std::move(logits);  // empty unless r ends the prompt: earlier KV changed, recompute on demand
+    mark(r);
+  }
+
+  // Makes loaded KV resident for prompt tokens r (block layout: LlamaKVCache::to_block).
+  void install_kv(TokenRange r, const KVBlock& block) {
+    validate_range(r, num_tokens(), "CpuLlamaSession::install_kv");
+    detail::require(block.bytes.size() == LlamaKVCache::block_bytes(kv_.num_layers(), kv_.kv_dim, r.size()),
+                    "CpuLlamaSession::install_kv: block for {} holds {} bytes, expected {}", r, block.bytes.size(),
+                    LlamaKVCache::block_bytes(kv_.num_layers(), kv_.kv_dim, r.size()));
+    for (std::size_t at = 0; at < block.bytes.size(); at += sizeof(float)) {
+      float value = 0;
+      std::memcpy(&value, block.bytes.data() + at, sizeof value);
+      detail::require(std::isfinite(value), "CpuLlamaSession::install_kv: the block for {} holds {} at float {}", r,
+                      value, at / sizeof(float));
+    }
+    kv_.write_block(r, block);
+    logits_.clear();  // they were computed against the KV just replaced
+    mark(r);
+  }
+
+  // The resident KV of prompt tokens r as a KVBlock, to put in a KVStore.
+  [[nodiscard]] KVBlock export_kv(TokenRange r) const {
+    validate_range(r, num_tokens(), "CpuLlamaSession::export_kv");
+    for (std::int64_t t = r.begin; t < r.end; ++t)
+      detail::require(resident_[static_cast<std::size_t>(t)],
+                      "CpuLlamaSession::export_kv: token {} of {} is not resident", t, r);
+    return kv_.to_block(r);
+  }
+
+  // Logits of the last prompt token; the whole prompt must be resident. Unless the last call was a
+  // compute_kv that ended the prompt, the last token is recomputed against the resident KV first.
+  [[nodiscard]] std::span<const float> logits() {
+    detail::require(prefix_ == num_tokens(), "CpuLlamaSession::logits: only [0, {}) of {} tokens is resident", prefix_,
+                    num_tokens());
+    if (logits_.empty()) {
+      const std::int64_t last = num_tokens() - 1;
+      logits_ = model_->run(kv_, TokenSet{last}, std::span<const token_id>(&prompt_.back(), 1), nullptr, nullptr, true,
+                            nullptr);
+    }
+    return logits_;
+  }
+
+  // Greedy continuation of the prompt (CpuLlama::greedy_decode on a copy of the session's KV).
+  [[nodiscard]] std::vector<token_id> generate(std::int64_t max_new_tokens, token_id eos) {
+    const std::span<const float> first = logits();
+    LlamaKVCache kv = kv_;
+    return model_->greedy_decode(kv, first, max_new_tokens, eos);
+  }
+
+ private:
+  void mark(TokenRange r) {
+    for (std::int64_t t = r.begin; t < r.end; ++t) resident_[static_cast<std::size_t>(t)] = true;
+    while (prefix_ < num_tokens() && resident_[static_cast<std::size_t>(prefix_)]) ++prefix_;
+  }
+
+  const CpuLlama* model_;
+  std::vector<token_id> prompt_;
+  LlamaKVCache kv_;
+  std::vector<bool> resident_;
+  std::int64_t prefix_ = 0;
+  std::vector<float> logits_;  // of the last prompt token, once computed
+};
+
+static_assert(ComputeBackend<CpuLlamaSession>);
+
+// Cache-Craft eq. 15's per-layer term inter_l(C_i, U): the attention mass of the question's rows (the
+// layout's query) on each chunk, from one layer of a partial prefill run with attention_groups = layout.
+// Every query row must be in `selected` (fusion methods always recompute the question).
+[[nodiscard]] inline std::vector<float> question_attention(const LayerAttention& stats, const TokenSet& selected,
+                                                           const PromptLayout& layout) {
+  layout.validate();
+  const std::size_t m = layout.chunks.size();
+  detail::require(stats.num_groups == static_cast<std::int64_t>(m) + 1,
+                  "question_attention: statistics over {} groups for a layout of {} chunks + query", stats.num_groups,
+                  m);
+  detail::require(stats.mass.size() == selected.size() * (m + 1),
+                  "question_attention: {} mass values for {} selected rows x {} groups", stats.mass.size(),
+                  selected.size(), m + 1);
+  std::vector<float> out(m, 0.0f);
+  std::int64_t seen = 0;
+  for (std::size_t i = 0; i < selected.size(); ++i) {
+    if (!layout.query.contains(selected[i])) continue;
+    ++seen;
+    for (std::size_t j = 0; j < m; ++j) out[j] += stats.at(i, j);
+  }
+  detail::require(seen == layout.query.size(), "question_attention: {} of the {} query rows {} were selected", seen,
+                  layout.query.size(), layout.query);
+  return out;
+}
+
+// Cache-Craft's per-chunk statistics (ChunkAttention: eq. 3 inter, eq. 4 intra, the eq. 14 token scores)
+// from a partial prefill that selected every row on every layer (a full prefill with statistics), one
+// LayerAttention per layer in order, groups = layout. intra excludes each token's weight on itself (eq. 4:
+// k < l strictly).
+[[nodiscard]] inline ChunkAttention chunk_attention(std::vector<std::uint64_t> ids, const PromptLayout& layout,
+                                                    const std::vector<LayerAttention>& layers) {
+  layout.validate();
+  const std::size_t m = layout.chunks.size();
+  const auto n = static_cast<std::size_t>(layout.num_tokens());
+  detail::require(ids.size() == m, "chunk_attention: {} chunk ids for {} chunks", ids.size(), m);
+  detail::require(!layers.empty(), "chunk_attention: no layers");
+  ChunkAttention out;
+  out.chunk_ids = std::move(ids);
+  for (const PromptChunk& c : layout.chunks) {
+    out.chunk_sizes.push_back(c.range.size());
+    out.token_prefix_attention.emplace_back(static_cast<std::size_t>(c.range.size()), 0.0);
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const LayerAttention& a = layers[l];
+    detail::require(
+        a.num_groups == static_cast<std::int64_t>(m) + 1 && a.mass.size() == n * (m + 1) && a.self_mass.size() == n,
+        "chunk_attention: layer {} holds statistics of {} rows x {} groups; every one of the {} rows must "
+        "be selected, over {} chunks + query",
+        l, a.self_mass.size(), a.num_groups, n, m);
+    std::vector<double> mass(m * m, 0.0);
+    for (std::size_t i = 0; i < m; ++i) {
+      const TokenRange c = layout.chunks[i].range;
+      for (std::int64_t row = c.begin; row < c.end; ++row) {
+        const auto q = static_cast<std::size_t>(row);
+        double prefix = 0.0;
+        for (std::size_t j = 0; j < i; ++j) {
+          mass[i * m + j] += a.at(q, j);  // eq. 3: inter(C_j, C_i)
+          prefix += a.at(q, j);
+        }
+        mass[i * m + i] += std::max(0.0, static_cast<double>(a.at(q, i)) - a.self_mass[q]);  // eq. 4: intra(C_i)
+        out.token_prefix_attention[i][static_cast<std::size_t>(row - c.begin)] += prefix;    // eq. 14 score
+      }
+    }
+    out.layer_mass.push_back(std::move(mass));
+  }
+  out.validate();
+  return out;
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,11 @@
+#pragma once
+// Umbrella header of kvfuse::cpu: real models on the CPU — GGUF files, the byte-level BPE tokenizer and
+// chat / RAG prompt layout, and the Eigen reference Llama backend. Needs Eigen 3.4 and PCRE2 (link
+// kvfuse::cpu). The policies alone need only kvfuse/kvfuse.hpp.
+
+#include "kvfuse/kvfuse.hpp"
+
+#include "kvfuse/model/gguf.hpp"
+#include "kvfuse/model/tokenizer.hpp"
+
+#include "kvfuse/backend/cpu_llama.hpp"
