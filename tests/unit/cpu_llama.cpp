@@ -9,6 +9,8 @@
 // Properties that hold bit for bit are checked with ==.
 #include <doctest/doctest.h>
 
+#include "../support/model_path.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -834,19 +836,9 @@ TEST_CASE("LlamaConfig / LlamaWeights from a GGUF file: [ne0 = in, ne1 = out] we
 }
 
 namespace {
-// The model real-model tests run on: $KVFUSE_MODEL, else SmolLM2-135M-Instruct in the cache directory of
-// scripts/fetch_model.sh. Empty when absent.
+// The model real-model tests run on (tests/support/model_path.hpp); empty when absent.
 std::filesystem::path real_model_path() {
-  if (const char* env = std::getenv("KVFUSE_MODEL"); env != nullptr && *env != '\0') return env;
-  std::filesystem::path dir;
-  if (const char* cache = std::getenv("KVFUSE_CACHE_DIR"); cache != nullptr && *cache != '\0') {
-    dir = cache;
-  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    dir = std::filesystem::path(xdg) / "kvfuse";
-  } else if (const char* home = std::getenv("HOME"); home != nullptr) {
-    dir = std::filesystem::path(home) / ".cache" / "kvfuse";
-  }
-  const std::filesystem::path p = dir / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::filesystem::path p = kvfuse_test::model_path();
   return std::filesystem::exists(p) ? p : std::filesystem::path{};
 }
 }  // namespace

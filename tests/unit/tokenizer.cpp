@@ -5,6 +5,8 @@
 //    tests/data/tokenizer_cases.txt, produced by Hugging Face tokenizers (tests/data/make_tokenizer_cases.py).
 #include <doctest/doctest.h>
 
+#include "../support/model_path.hpp"
+
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -359,24 +361,7 @@ TEST_CASE("RAG prompt: bos when the vocabulary asks for it, control text in pass
 
 namespace {
 
-// Where scripts/fetch_model.sh puts the model: $KVFUSE_MODEL, else
-// ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfuse}/SmolLM2-135M-Instruct.Q4_1.gguf.
-std::filesystem::path model_path() {
-  const auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v != nullptr ? std::string(v) : std::string();
-  };
-  if (!env("KVFUSE_MODEL").empty()) return env("KVFUSE_MODEL");
-  std::filesystem::path cache;
-  if (!env("KVFUSE_CACHE_DIR").empty()) {
-    cache = env("KVFUSE_CACHE_DIR");
-  } else if (!env("XDG_CACHE_HOME").empty()) {
-    cache = std::filesystem::path(env("XDG_CACHE_HOME")) / "kvfuse";
-  } else {
-    cache = std::filesystem::path(env("HOME")) / ".cache" / "kvfuse";
-  }
-  return cache / "SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+using kvfuse_test::model_path;
 
 std::string unescape(std::string_view s) {
   std::string out;
