@@ -3,7 +3,9 @@
 
 Usage:
   python3 scripts/conformance.py --kvfuse-logits PATH --model GGUF [--data musique_dev.json]
-                                 [--stride-long K] [--no-f32] [--threads T] [--generate N]
+                                 [--prompts chat,rag2,rag3,rag10,text] [--long N] [--stride-long K]
+                                 [--no-f32] [--f32-path GGUF] [--threads T] [--generate N]
+(--data defaults to ../shared/data/musique_dev.json from the repository root.)
 
 For each prompt (a ChatML question, MuSiQue RAG prompts with 2, 3 and 10 passages in build_rag_prompt's
 layout, a plain-text paragraph):
@@ -22,8 +24,8 @@ Three llama.cpp references:
   Q4_1     the GGUF as given, llama.cpp defaults: its CPU matmuls quantize the activations to Q8_0 / Q8_1
            blocks before the Q4_1 / Q8_0 dot products, and K / V are cached as F16.
   Q4_1, F32 KV   the same with an F32 KV cache: what is left is the activation quantization.
-  F32      the same weights dequantized to F32 (gguf.quants.dequantize, written to a GGUF next to the cache
-           dir) with an F32 KV cache: llama.cpp then computes in fp32 throughout, so what is left is the
+  F32      the same weights dequantized to F32 (gguf.quants.dequantize, written once to
+           <model>.dequantized-f32.gguf next to --model, or --f32-path; ~540 MB) with an F32 KV cache: llama.cpp then computes in fp32 throughout, so what is left is the
            difference between two fp32 implementations of the same model (--no-f32 skips it).
 kvfuse always runs the given GGUF (it dequantizes to fp32 on load).
 
