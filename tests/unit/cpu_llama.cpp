@@ -9,6 +9,7 @@
 // Properties that hold bit for bit are checked with ==.
 #include <doctest/doctest.h>
 
+#include "../support/error_of.hpp"
 #include "../support/model_path.hpp"
 
 #include <algorithm>
@@ -334,15 +335,7 @@ std::vector<std::byte> tiny_gguf(const LlamaConfig& c, const LlamaWeights& w, Ed
   return g.bytes();
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvfuse::error& e) {
-    return e.what();
-  }
-  return "(no kvfuse::error)";
-}
+using kvfuse_test::error_of;
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 //    tests/data/tokenizer_cases.txt, produced by Hugging Face tokenizers (tests/data/make_tokenizer_cases.py).
 #include <doctest/doctest.h>
 
+#include "../support/error_of.hpp"
 #include "../support/model_path.hpp"
 
 #include <cstdint>
@@ -94,14 +95,7 @@ Ids bytes_of(std::string_view s) {
   return ids;
 }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const kvfuse::error& e) {
-    return e.what();
-  }
-  return "(no kvfuse::error)";
-}
+using kvfuse_test::error_of;
 
 }  // namespace
 
