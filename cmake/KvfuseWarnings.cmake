@@ -4,6 +4,9 @@ function(kvfuse_project_options target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow>
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${KVFUSE_WERROR}>>:-Werror>)
+  if(KVFUSE_NATIVE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+  endif()
   if(KVFUSE_SANITIZE)
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer>)

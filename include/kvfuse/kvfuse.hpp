@@ -7,8 +7,10 @@
 #include "kvfuse/core/types.hpp"
 
 #include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/backend/tiered_kv_store.hpp"
 
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/loading_controller.hpp"
@@ -21,5 +23,8 @@
 #include "kvfuse/select/hkvd_selector.hpp"
 
 #include "kvfuse/cache/variant_cache.hpp"
+
+#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
 
 #include "kvfuse/split/kv_split.hpp"

@@ -2,6 +2,9 @@
 // header compiles on its own. Building this file is the test.
 #include "kvfuse/kvfuse.hpp"
 
+#include "kvfuse/backend/disk_kv_store.hpp"
+#include "kvfuse/backend/tiered_kv_store.hpp"
+
 namespace {
 
 // The smallest engine-side models, as an engine would write them.
@@ -43,6 +46,8 @@ struct StoreWithoutErase {
 
 // Models shipped with kvfuse.
 static_assert(kvfuse::KVStore<kvfuse::InMemoryKVStore>);
+static_assert(kvfuse::KVStore<kvfuse::DiskKVStore>);
+static_assert(kvfuse::KVStore<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>>);
 static_assert(kvfuse::ComputeBackend<kvfuse::SimulatedCompute>);
 static_assert(kvfuse::CostModeledCompute<kvfuse::SimulatedCompute>);
 static_assert(kvfuse::KVStore<kvfuse::SimulatedStore>);

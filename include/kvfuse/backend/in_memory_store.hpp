@@ -40,6 +40,12 @@ class InMemoryKVStore {
     map_.erase(it);
     return true;
   }
+  // Drops every entry (an engine bounding its memory between requests).
+  void clear() {
+    std::lock_guard lock(mutex_);
+    map_.clear();
+    bytes_ = 0;
+  }
   [[nodiscard]] std::size_t size() const {
     std::lock_guard lock(mutex_);
     return map_.size();

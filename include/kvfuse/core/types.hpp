@@ -53,10 +53,13 @@ struct KVKeyHash {
   }
 };
 
-// KV of a run of tokens as opaque bytes, in the engine's own layout.
+// KV of a run of tokens as opaque bytes, in the engine's own layout. Engines that store K rotated (RoPE)
+// record the positions it was computed at, first_position .. first_position + num_tokens - 1, so that
+// reusing the block at other positions is one RoPE shift by the difference.
 struct KVBlock {
   std::int64_t num_tokens = 0;
   std::vector<std::byte> bytes;
+  std::int64_t first_position = 0;
 };
 
 // 64-bit FNV-1a over token ids, chained: hash_tokens(tokens, seed) continues from `seed`.

@@ -106,11 +106,13 @@ struct LlamaKVCache {
            static_cast<std::size_t>(kv_width) * sizeof(float);
   }
 
-  // Rows [r.begin, r.end) as a KVBlock (layout in the header comment).
+  // Rows [r.begin, r.end) as a KVBlock (layout in the header comment); first_position = the position of row
+  // r.begin (meaningful when the rows' positions are consecutive, as in a chunk).
   [[nodiscard]] KVBlock to_block(TokenRange r) const {
     validate_range(r, num_rows(), "LlamaKVCache::to_block");
     KVBlock block;
     block.num_tokens = r.size();
+    block.first_position = r.empty() ? 0 : positions[static_cast<std::size_t>(r.begin)];
     block.bytes.resize(block_bytes(num_layers(), kv_dim, r.size()));
     const std::size_t part = static_cast<std::size_t>(r.size() * kv_dim) * sizeof(float);
     std::byte* out = block.bytes.data();

@@ -1,0 +1,378 @@
+// kvfuse-rag-eval: every reuse method on the real model over MuSiQue, measured against full prefill of the
+// same prompt in the same run: TTFT and its ratio to full prefill, fraction of tokens recomputed, fidelity
+// (KL of the first answer token's distribution, exact match and ROUGE-L of the greedy answer against the
+// full-prefill answer) and token F1 against the gold answers. Writes results.json, results.md and
+// fidelity_ttft.png (gnuplot) to --out.
+//
+//   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
+//                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
+//                   [--out DIR] [--cache-dir DIR] [--model GGUF] [--threads 0] [--no-plot]
+//
+// Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
+// isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
+// in reverse order, whose in-context KV becomes the prefix-cache entries and the Cache-Craft variants. Then
+// each method runs on [system, passages..., question]; TTFT counts the online work only (load, shift,
+// recompute, first token). The memory tier is emptied after each question; --cache-dir adds a disk tier
+// (DiskKVStore) that persists across runs.
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "kvfuse/backend/disk_kv_store.hpp"
+#include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/backend/tiered_kv_store.hpp"
+#include "kvfuse/cpu.hpp"
+#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/fusion/fusion_pipeline.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kDefaultMethods =
+    "full,prefix,naive,cacheblend,attnlink,cachecraft,cacheblend@0.05,cacheblend@0.3,cacheblend@0.5,attnlink@4,"
+    "attnlink@64,cachecraft@0.5,cachecraft@2";
+constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
+
+struct Options {
+  std::string data, model, out = "rag-eval", cache_dir;
+  std::vector<std::string> methods;
+  std::int64_t limit = 20, start = 0, max_passages = 10, max_passage_tokens = 0, max_new_tokens = 32, threads = 0;
+  bool plot = true;
+};
+
+std::int64_t parse_int(std::string_view flag, std::string_view v) {
+  std::int64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size() && x >= 0,
+                          "{}: '{}' is not a non-negative integer", flag, v);
+  return x;
+}
+
+std::vector<std::string> split(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    const std::size_t c = s.find(',');
+    out.emplace_back(s.substr(0, c));
+    s = c == std::string_view::npos ? std::string_view{} : s.substr(c + 1);
+  }
+  return out;
+}
+
+std::string default_model() {
+  if (const char* m = std::getenv("KVFUSE_MODEL"); m != nullptr && *m != '\0') return m;
+  fs::path cache;
+  if (const char* c = std::getenv("KVFUSE_CACHE_DIR"); c != nullptr && *c != '\0') {
+    cache = c;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    cache = fs::path(x) / "kvfuse";
+  } else {
+    const char* home = std::getenv("HOME");
+    cache = fs::path(home != nullptr ? home : ".") / ".cache" / "kvfuse";
+  }
+  return (cache / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::string methods(kDefaultMethods);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--no-plot") {
+      o.plot = false;
+      continue;
+    }
+    kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
+    const std::string_view v = argv[++i];
+    if (flag == "--data") o.data = v;
+    else if (flag == "--model") o.model = v;
+    else if (flag == "--methods") methods = v;
+    else if (flag == "--out") o.out = v;
+    else if (flag == "--cache-dir") o.cache_dir = v;
+    else if (flag == "--limit") o.limit = parse_int(flag, v);
+    else if (flag == "--start") o.start = parse_int(flag, v);
+    else if (flag == "--max-passages") o.max_passages = parse_int(flag, v);
+    else if (flag == "--max-passage-tokens") o.max_passage_tokens = parse_int(flag, v);
+    else if (flag == "--max-new-tokens") o.max_new_tokens = parse_int(flag, v);
+    else if (flag == "--threads") o.threads = parse_int(flag, v);
+    else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
+  }
+  kvfuse::detail::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
+  kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
+  kvfuse::detail::require(o.max_passages >= 1, "--max-passages: {} must be >= 1", o.max_passages);
+  if (o.model.empty()) o.model = default_model();
+  kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
+                          o.model);
+  o.methods = split(methods);
+  // Full prefill is the reference every other number is measured against: always run, first.
+  std::erase(o.methods, std::string("full"));
+  o.methods.insert(o.methods.begin(), "full");
+  for (const std::string& m : o.methods) (void)kvfuse::parse_method(m);  // refuse bad names before any work
+  return o;
+}
+
+struct Question {
+  std::vector<std::string> passages;
+  std::string question;
+  std::vector<std::string> answers;
+};
+
+std::vector<Question> load_data(const Options& o) {
+  std::ifstream in(o.data);
+  kvfuse::detail::require(in.good(), "--data: cannot open '{}'", o.data);
+  nlohmann::json data;
+  try {
+    data = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw kvfuse::error(fmt::format("--data: '{}' is not valid JSON: {}", o.data, e.what()));
+  }
+  kvfuse::detail::require(data.is_array(), "--data: '{}' must hold a JSON array of questions", o.data);
+  kvfuse::detail::require(o.start + o.limit <= static_cast<std::int64_t>(data.size()),
+                          "--data: '{}' has {} questions; --start {} --limit {} asks for more", o.data, data.size(),
+                          o.start, o.limit);
+  std::vector<Question> out;
+  for (std::int64_t q = o.start; q < o.start + o.limit; ++q) {
+    const nlohmann::json& item = data[static_cast<std::size_t>(q)];
+    Question x;
+    try {
+      for (const auto& ctx : item.at("ctxs")) {
+        if (static_cast<std::int64_t>(x.passages.size()) == o.max_passages) break;
+        x.passages.push_back(ctx.at("text").get<std::string>());
+      }
+      x.question = item.at("question").get<std::string>();
+      x.answers = item.at("answers").get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw kvfuse::error(fmt::format("--data: question {} of '{}' does not follow the MuSiQue schema "
+                                      "(ctxs[].text, question, answers[]): {}",
+                                      q, o.data, e.what()));
+    }
+    kvfuse::detail::require(!x.passages.empty() && !x.answers.empty(), "--data: question {} has {} passages and {} "
+                            "answers; needs at least one of each", q, x.passages.size(), x.answers.size());
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+// A passage cut to its first `max_tokens` tokens (0: whole), for short test prompts.
+std::string truncate_passage(const kvfuse::BPETokenizer& tok, const std::string& text, std::int64_t max_tokens) {
+  if (max_tokens == 0) return text;
+  auto ids = tok.encode(text, false);
+  if (static_cast<std::int64_t>(ids.size()) <= max_tokens) return text;
+  ids.resize(static_cast<std::size_t>(max_tokens));
+  return tok.decode(ids, false);
+}
+
+std::string answer_text(const kvfuse::BPETokenizer& tok, std::vector<kvfuse::token_id> ids) {
+  while (!ids.empty() && tok.is_end_of_generation(ids.back())) ids.pop_back();
+  return tok.decode(ids, false);
+}
+
+// Means over questions of one method's metrics.
+struct Sums {
+  std::map<std::string, double> sum;
+  std::vector<double> ratios;
+  std::int64_t count = 0;
+  void add(const std::map<std::string, double>& m) {
+    for (const auto& [k, v] : m) sum[k] += v;
+    ratios.push_back(m.at("ttft_ratio_vs_full"));
+    ++count;
+  }
+  [[nodiscard]] nlohmann::json mean() const {
+    nlohmann::json j;
+    for (const auto& [k, v] : sum) j[k] = v / static_cast<double>(count);
+    std::vector<double> r = ratios;
+    std::sort(r.begin(), r.end());
+    j["ttft_ratio_vs_full_median"] =
+        r.size() % 2 == 1 ? r[r.size() / 2] : 0.5 * (r[r.size() / 2 - 1] + r[r.size() / 2]);
+    return j;
+  }
+};
+
+std::string markdown_table(const nlohmann::json& results, const std::vector<std::string>& methods) {
+  std::string s = fmt::format(
+      "| method | TTFT ms | × full (mean / median) | recomputed | KL first token | EM vs full | ROUGE-L vs full | "
+      "F1 vs gold |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const std::string& m : methods) {
+    const nlohmann::json& r = results["methods"][m];
+    s += fmt::format("| {} | {:.0f} | {:.3f} / {:.3f} | {:.1f} % | {:.4f} | {:.2f} | {:.3f} | {:.3f} |\n", m,
+                     r["ttft_ms"].get<double>(), r["ttft_ratio_vs_full"].get<double>(),
+                     r["ttft_ratio_vs_full_median"].get<double>(), 100.0 * r["recompute_fraction"].get<double>(),
+                     r["kl_first_token"].get<double>(), r["exact_match_vs_full"].get<double>(),
+                     r["rouge_l_vs_full"].get<double>(), r["f1_vs_gold"].get<double>());
+  }
+  return s;
+}
+
+// Fidelity vs TTFT: ROUGE-L (left) and KL (right, log scale) against the TTFT ratio, one labelled point per
+// method and setting.
+void write_plot(const fs::path& out, const nlohmann::json& results, const std::vector<std::string>& methods) {
+  const fs::path dat = out / "fidelity_ttft.dat";
+  {
+    std::ofstream d(dat);
+    for (const std::string& m : methods) {
+      const nlohmann::json& r = results["methods"][m];
+      d << fmt::format("\"{}\" {} {} {}\n", m, r["ttft_ratio_vs_full"].get<double>(),
+                       r["rouge_l_vs_full"].get<double>(), std::max(1e-6, r["kl_first_token"].get<double>()));
+    }
+  }
+  const fs::path gp = out / "fidelity_ttft.gp";
+  {
+    std::ofstream g(gp);
+    g << "set terminal pngcairo size 1400,560 font 'sans,10'\n"
+      << "set output '" << (out / "fidelity_ttft.png").string() << "'\n"
+      << "set multiplot layout 1,2 title '" << results["model"].get<std::string>() << ", "
+      << results["questions"].get<int>() << " MuSiQue questions (means)'\n"
+      << "set logscale x\nset xlabel 'TTFT / full prefill TTFT (log)'\nset grid\nunset key\n"
+      << "set ylabel 'ROUGE-L of the answer vs full prefill'\nset yrange [0:1.05]\n"
+      << "plot '" << dat.string() << "' using 2:3 with points pt 7 ps 1.4, '' using 2:3:1 with labels offset 0,1\n"
+      << "set logscale y\nset ylabel 'KL(full || method), first answer token (log)'\nset autoscale y\n"
+      << "plot '" << dat.string() << "' using 2:4 with points pt 7 ps 1.4, '' using 2:4:1 with labels offset 0,1\n"
+      << "unset multiplot\n";
+  }
+  const std::string cmd = fmt::format("gnuplot '{}'", gp.string());
+  kvfuse::detail::require(std::system(cmd.c_str()) == 0,
+                          "plot: '{}' failed (is gnuplot installed? scripts/deps.sh installs gnuplot-nox); "
+                          "results.json and results.md are written",
+                          cmd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  const std::vector<Question> questions = load_data(o);
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
+  const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
+  kvfuse::CpuLlamaOptions model_options;
+  model_options.threads = static_cast<int>(o.threads);
+  const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+  fs::create_directories(o.out);
+
+  kvfuse::InMemoryKVStore memory;
+  std::optional<kvfuse::DiskKVStore> disk;
+  if (!o.cache_dir.empty()) disk.emplace(o.cache_dir);
+  using Tiered = kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>;
+  std::optional<Tiered> tiered;
+  if (disk) tiered.emplace(memory, *disk);
+
+  std::vector<kvfuse::FusionMethod> methods;
+  for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
+  std::map<std::string, Sums> sums;
+  nlohmann::json per_question = nlohmann::json::array();
+  double offline_ms = 0.0;
+  std::int64_t total_tokens = 0;
+
+  const auto evaluate = [&](auto& pipeline) {
+    for (std::size_t qi = 0; qi < questions.size(); ++qi) {
+      const Question& q = questions[qi];
+      std::vector<std::string> passages;
+      for (const std::string& p : q.passages) passages.push_back(truncate_passage(tok, p, o.max_passage_tokens));
+      const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
+      const kvfuse::PromptLayout layout = prompt.layout();
+      const auto n = static_cast<std::int64_t>(prompt.tokens.size());
+      total_tokens += n;
+
+      // Offline: isolated chunk caches, and an earlier prompt (first passage kept, the rest reversed).
+      auto t0 = std::chrono::steady_clock::now();
+      pipeline.store_chunk_caches(prompt.tokens, layout);
+      std::vector<std::string> earlier = passages;
+      std::reverse(earlier.begin() + 1, earlier.end());
+      const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
+      pipeline.record_context(warm.tokens, warm.layout());
+      const double q_offline = kvfuse::detail::ms_since(t0);
+      offline_ms += q_offline;
+
+      nlohmann::json qj{{"index", o.start + static_cast<std::int64_t>(qi)}, {"tokens", n},
+                        {"question", q.question}, {"gold", q.answers}, {"offline_ms", q_offline}};
+      std::vector<float> full_logits;
+      std::string full_answer;
+      double full_ms = 0.0;
+      std::string progress;
+      for (std::size_t mi = 0; mi < methods.size(); ++mi) {
+        kvfuse::FusionResult r = pipeline.run(prompt.tokens, layout, methods[mi]);
+        const double ttft = r.time.ttft_ms();
+        const std::string answer =
+            answer_text(tok, model.greedy_decode(r.kv, r.logits, o.max_new_tokens, tok.eos()));
+        if (mi == 0) {
+          full_logits = r.logits;
+          full_answer = answer;
+          full_ms = ttft;
+        }
+        std::map<std::string, double> m{
+            {"ttft_ms", ttft},
+            {"ttft_ratio_vs_full", ttft / full_ms},
+            {"recompute_fraction", r.recompute_fraction},
+            {"kl_first_token", kvfuse::eval::kl_divergence(full_logits, r.logits)},
+            {"exact_match_vs_full", kvfuse::eval::exact_match(answer, full_answer) ? 1.0 : 0.0},
+            {"rouge_l_vs_full", kvfuse::eval::rouge_l(answer, full_answer)},
+            {"f1_vs_gold", kvfuse::eval::max_token_f1(answer, q.answers)},
+            {"load_ms", r.time.load_ms},
+            {"shift_ms", r.time.shift_ms},
+            {"prefill_ms", r.time.prefill_ms},
+            {"rejected_entries", static_cast<double>(r.rejected_entries)},
+        };
+        if (r.focus) m["focus_cutoff_layer"] = static_cast<double>(r.focus->cutoff_layer);
+        sums[o.methods[mi]].add(m);
+        nlohmann::json mj(m);
+        mj["answer"] = answer;
+        qj["methods"][o.methods[mi]] = mj;
+        progress += fmt::format(" {} {:.2f}x", o.methods[mi], m["ttft_ratio_vs_full"]);
+      }
+      per_question.push_back(qj);
+      fmt::print(stderr, "[{}/{}] question {}: {} tokens, full {:.1f} s, offline {:.1f} s;{}\n", qi + 1,
+                 questions.size(), o.start + static_cast<std::int64_t>(qi), n, full_ms / 1000.0, q_offline / 1000.0,
+                 progress);
+      memory.clear();  // bound memory: the disk tier (if any) keeps the entries
+    }
+  };
+  if (tiered) {
+    kvfuse::FusionPipeline<Tiered> pipeline(model, *tiered);
+    evaluate(pipeline);
+  } else {
+    kvfuse::FusionPipeline<kvfuse::InMemoryKVStore> pipeline(model, memory);
+    evaluate(pipeline);
+  }
+
+  nlohmann::json results;
+  results["model"] = fs::path(o.model).filename().string();
+  results["questions"] = questions.size();
+  results["passages_per_question"] = o.max_passages;
+  results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(questions.size());
+  results["offline_ms_mean"] = offline_ms / static_cast<double>(questions.size());
+  results["threads"] = model.threads();
+  for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
+  results["per_question"] = per_question;
+  {
+    std::ofstream js(fs::path(o.out) / "results.json");
+    js << results.dump(2) << "\n";
+    kvfuse::detail::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
+  }
+  const std::string table = markdown_table(results, o.methods);
+  {
+    std::ofstream md(fs::path(o.out) / "results.md");
+    md << fmt::format("{} on {} MuSiQue questions ({} passages, {:.0f} prompt tokens on average); means over "
+                      "questions, TTFT ratio measured against full prefill in the same run.\n\n",
+                      results["model"].get<std::string>(), questions.size(), o.max_passages,
+                      results["mean_prompt_tokens"].get<double>())
+       << table;
+  }
+  fmt::print("{}", table);
+  if (o.plot) write_plot(o.out, results, o.methods);
+  fmt::print("wrote {}/results.json, results.md{}\n", o.out, o.plot ? ", fidelity_ttft.png" : "");
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "kvfuse-rag-eval: {}\n", e.what());
+  return 2;
+}

@@ -1,0 +1,184 @@
+#pragma once
+// FusionMethod: the six ways to assemble a prompt's KV from stored chunk caches, as value types, and
+// FusionPlan, what a method decided for one prompt before any compute ran (plain data for tests and logs).
+//
+// Every method is the same layer-wise partial prefill (design.md, "The one loop all fusion methods share");
+// they differ only in where each chunk's KV comes from and in the selected set S_l:
+//   FullRecompute   S_l = every token; nothing loaded. The quality reference.
+//   PrefixCaching   the longest run of leading chunks stored as a prefix (each entry computed behind exactly
+//                   the same earlier chunks) is loaded; S_l = every token after it, on every layer. Exact.
+//   NaiveReuse      every chunk's isolated cache loaded and RoPE-shifted; S_l = the query (and chunks with no
+//                   cache). The lower bound every blending method improves on.
+//   CacheBlend      isolated caches; layer 0 computes everything, check layers keep the tokens whose KV
+//                   deviates most, down to r (HKVDSelector, CacheBlend section 4.3).
+//   AttnLink        isolated caches; the first k tokens of every non-first chunk plus the query, on every
+//                   layer (AttnLinkBoundary, Epic section 4.2).
+//   CacheCraft      chunk caches computed in context (variants from earlier prompts, VariantCache); per chunk
+//                   the N = ceil(CFO · |C|) tokens with the most attention to earlier chunks (Cache-Craft
+//                   eq. 12, 14); recomputation of unfocused chunks stops at the layer L* of Algorithm 1
+//                   (FocusedChunkDetector).
+// When to use which: prefix caching when prompts share exact prefixes; otherwise CacheBlend when nothing is
+// known about the chunks in advance, AttnLink when the cheapest static selection is enough, Cache-Craft when
+// chunk caches are kept from earlier prompts with their attention statistics.
+//
+// Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft" for the
+// default settings (r = 0.15, k = 16, alpha = 1) and "name@value" otherwise; parse_method() reads both.
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/select/attnlink_boundary.hpp"
+#include "kvfuse/select/focused_chunk_detector.hpp"
+#include "kvfuse/select/hkvd_selector.hpp"
+
+namespace kvfuse {
+
+struct FullRecompute {};
+struct PrefixCaching {};
+struct NaiveReuse {};
+struct CacheBlend {
+  HKVDConfig config{};
+};
+struct AttnLink {
+  AttnLinkConfig config{};
+};
+struct CacheCraft {
+  double alpha = 1.0;                  // eq. 12
+  FocusedChunkConfig focus{};          // Algorithm 1 window w
+  bool focus_termination = true;       // stop recomputing unfocused chunks at L* (section 3.2.2)
+};
+
+using FusionMethod = std::variant<FullRecompute, PrefixCaching, NaiveReuse, CacheBlend, AttnLink, CacheCraft>;
+
+namespace detail {
+
+[[nodiscard]] inline std::string format_setting(double v) { return fmt::format("{:g}", v); }
+
+[[nodiscard]] inline double parse_setting(std::string_view name, std::string_view v) {
+  double x = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  require(ec == std::errc{} && p == v.data() + v.size() && std::isfinite(x),
+          "fusion method '{}': setting '{}' is not a number", name, v);
+  return x;
+}
+
+}  // namespace detail
+
+// "cacheblend" / "cacheblend@0.05", ... (see the header comment).
+[[nodiscard]] inline std::string method_name(const FusionMethod& m) {
+  struct Visitor {
+    std::string operator()(const FullRecompute&) const { return "full"; }
+    std::string operator()(const PrefixCaching&) const { return "prefix"; }
+    std::string operator()(const NaiveReuse&) const { return "naive"; }
+    std::string operator()(const CacheBlend& c) const {
+      return c.config.recompute_ratio == HKVDConfig{}.recompute_ratio
+                 ? "cacheblend"
+                 : "cacheblend@" + detail::format_setting(c.config.recompute_ratio);
+    }
+    std::string operator()(const AttnLink& a) const {
+      return a.config.k == AttnLinkConfig{}.k ? "attnlink" : fmt::format("attnlink@{}", a.config.k);
+    }
+    std::string operator()(const CacheCraft& c) const {
+      std::string s = c.alpha == 1.0 ? "cachecraft" : "cachecraft@" + detail::format_setting(c.alpha);
+      return c.focus_termination ? s : s + "-nofocus";
+    }
+  };
+  return std::visit(Visitor{}, m);
+}
+
+// Reads a method name: full, prefix, naive, cacheblend[@r], attnlink[@k], cachecraft[@alpha][-nofocus].
+[[nodiscard]] inline FusionMethod parse_method(std::string_view text) {
+  const std::size_t at = text.find('@');
+  std::string_view name = text.substr(0, at);
+  std::string_view setting = at == std::string_view::npos ? std::string_view{} : text.substr(at + 1);
+  const auto no_setting = [&] {
+    detail::require(at == std::string_view::npos, "fusion method '{}' takes no setting", text);
+  };
+  if (name == "full") return no_setting(), FusionMethod{FullRecompute{}};
+  if (name == "prefix") return no_setting(), FusionMethod{PrefixCaching{}};
+  if (name == "naive") return no_setting(), FusionMethod{NaiveReuse{}};
+  if (name == "cacheblend") {
+    CacheBlend c;
+    if (!setting.empty()) c.config.recompute_ratio = detail::parse_setting(text, setting);
+    // Gradual filtering keeps its margins above r, capped so the schedule stays non-increasing up to 1.
+    for (double& margin : c.config.ratio_margins)
+      margin = std::min(margin, 1.0 - c.config.recompute_ratio);
+    c.config.validate();
+    return c;
+  }
+  if (name == "attnlink") {
+    AttnLink a;
+    if (!setting.empty()) {
+      const double k = detail::parse_setting(text, setting);
+      detail::require(k >= 0 && k == std::floor(k), "fusion method '{}': k = {} must be a whole number >= 0", text,
+                      setting);
+      a.config.k = static_cast<std::int64_t>(k);
+    }
+    a.config.validate();
+    return a;
+  }
+  if (text.starts_with("cachecraft")) {
+    CacheCraft c;
+    std::string_view rest = text.substr(std::string_view("cachecraft").size());
+    if (rest.ends_with("-nofocus")) {
+      c.focus_termination = false;
+      rest.remove_suffix(std::string_view("-nofocus").size());
+    }
+    if (!rest.empty()) {
+      detail::require(rest.front() == '@', "unknown fusion method '{}'", text);
+      c.alpha = detail::parse_setting(text, rest.substr(1));
+    }
+    detail::require(c.alpha >= 0, "fusion method '{}': alpha = {} must be >= 0", text, c.alpha);
+    return c;
+  }
+  throw error(fmt::format("unknown fusion method '{}' (expected full, prefix, naive, cacheblend[@r], attnlink[@k], "
+                          "cachecraft[@alpha][-nofocus])",
+                          text));
+}
+
+// Where one chunk's KV comes from in a plan.
+enum class ChunkSource {
+  isolated,  // the chunk's own cache, computed alone at its stored positions (naive, CacheBlend, AttnLink)
+  prefix,    // a prefix-cache entry: computed behind exactly the chunks before it here (exact KV)
+  variant,   // a Cache-Craft variant: computed behind some earlier prompt's chunks
+  compute,   // no usable cache: every token of the chunk is recomputed on every layer
+};
+
+[[nodiscard]] inline std::string_view source_name(ChunkSource s) {
+  switch (s) {
+    case ChunkSource::isolated: return "isolated";
+    case ChunkSource::prefix: return "prefix";
+    case ChunkSource::variant: return "variant";
+    case ChunkSource::compute: return "compute";
+  }
+  return "?";
+}
+
+struct ChunkPlan {
+  TokenRange range;                    // the chunk's rows in this prompt
+  ChunkSource source = ChunkSource::compute;
+  KVKey key;                           // store key of the loaded KV (not for compute)
+  std::int64_t stored_first_position = 0;  // where the stored K was rotated; the shift is range.begin − this
+  // Cache-Craft: CFO of the chosen variant (eq. 12) and the chunk-local tokens it recomputes (eq. 14).
+  double cfo = 0.0;
+  TokenSet recompute;
+};
+
+struct FusionPlan {
+  std::string method;
+  std::vector<ChunkPlan> chunks;  // one per layout chunk, same order
+  PromptLayout layout;            // the prompt's layout with cached = (source != compute)
+  TokenSet initial;               // S_0
+};
+
+}  // namespace kvfuse

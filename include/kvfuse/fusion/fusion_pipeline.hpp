@@ -1,0 +1,405 @@
+#pragma once
+// FusionPipeline: chunk caches in a KVStore, and every FusionMethod (fusion_method.hpp) run as one policy of
+// the same layer-wise partial prefill on the reference CPU backend (CpuLlama::partial_prefill).
+//
+// Offline (chunk caches are generated ahead of time, as in the papers):
+//   store_chunk_caches(tokens, layout)  each chunk's KV computed alone at position 0 (CacheBlend, Epic), once
+//                                       per (model fingerprint, chunk tokens): chunks already stored are skipped
+//   record_context(tokens, layout)      a full prefill with attention statistics of an earlier prompt: every
+//                                       chunk's in-context KV stored as a prefix-cache entry (keyed by the chain
+//                                       of chunks before it) and as a Cache-Craft variant (VariantCache, with the
+//                                       ChunkProfile of CCIScorer: CCI, stored prefix, eq. 14 token ranking)
+// Online:
+//   plan(tokens, layout, method)        FusionPlan: each chunk's source (isolated / prefix / variant / compute),
+//                                       S_0, Cache-Craft's CFO and tokens per chunk; reads the store's index only
+//   run(tokens, layout, method)         load the planned KV from the store, check it, RoPE-shift it to this
+//                                       prompt's positions, partial prefill with the method's S_l -> logits and
+//                                       the prompt's KV, with the time of each step
+//
+// Store entries are never trusted blindly: a block that is missing, has the wrong size or token count, or was
+// rotated at other positions than recorded is not used. An isolated chunk cache is then recomputed (and put
+// back); a prefix or variant entry turns its chunk into `compute` (recomputed in full, on every layer). The
+// disk store (backend/disk_kv_store.hpp) adds checksums and model checks below this.
+//
+// Keys: every key carries the model fingerprint. Contents are domain-separated hashes of the chunk tokens:
+// isolated = H(chunk), prefix = H(chunk_0, ..., chunk_j) chained, variant = H(chunk, ids of its stored prefix).
+
+#include <chrono>
+#include <cstdint>
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/backend/cpu/kv_cache.hpp"
+#include "kvfuse/backend/cpu/llama.hpp"
+#include "kvfuse/backend/cpu_llama.hpp"
+#include "kvfuse/cache/variant_cache.hpp"
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/select/attnlink_boundary.hpp"
+#include "kvfuse/select/cci_scorer.hpp"
+#include "kvfuse/select/focused_chunk_detector.hpp"
+#include "kvfuse/select/hkvd_selector.hpp"
+
+namespace kvfuse {
+
+namespace detail {
+
+// splitmix64 finalizer: separates the key domains (isolated / prefix / variant) of one content hash.
+[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3 };
+
+[[nodiscard]] constexpr std::uint64_t domain_key(std::uint64_t h, KeyDomain d) noexcept {
+  return mix64(h ^ (static_cast<std::uint64_t>(d) << 56));
+}
+
+[[nodiscard]] inline double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace detail
+
+// Content id of a chunk (Cache-Craft's chunk hash, VariantCache's key).
+[[nodiscard]] inline std::uint64_t chunk_content_id(std::span<const token_id> chunk) { return hash_tokens(chunk); }
+
+// Online time of one run, split by step; ttft_ms() is their sum.
+struct FusionTimings {
+  double load_ms = 0.0;           // bring stored chunk KV in (store get, checks, copy into the prompt's KV)
+  double shift_ms = 0.0;          // RoPE shift of loaded K to this prompt's positions
+  double chunk_compute_ms = 0.0;  // isolated chunk caches recomputed because the store had none usable
+  double prefill_ms = 0.0;        // the partial prefill, up to the first token's logits
+
+  [[nodiscard]] double ttft_ms() const noexcept { return load_ms + shift_ms + chunk_compute_ms + prefill_ms; }
+};
+
+struct FusionResult {
+  FusionPlan plan;
+  std::vector<float> logits;                     // of the last prompt token
+  LlamaKVCache kv;                               // the prompt's KV after the run (for decoding)
+  std::vector<std::int64_t> selected_per_layer;  // |S_l|
+  double recompute_fraction = 0.0;               // sum_l |S_l| / (L · n)
+  FusionTimings time;
+  std::int64_t rejected_entries = 0;             // planned store entries that were missing or unusable
+  // Cache-Craft with focus termination, once Algorithm 1 decided: L* and F* as layout chunk indices among the
+  // candidate chunks (variants with tokens to fix); other chunks are not subject to early termination.
+  std::optional<FocusDecision> focus;
+};
+
+template <KVStore Store>
+class FusionPipeline {
+ public:
+  FusionPipeline(const CpuLlama& model, Store& store, VariantCacheConfig variants = {})
+      : model_(&model), store_(&store), variants_(variants) {}
+
+  [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
+  [[nodiscard]] VariantCache& variants() noexcept { return variants_; }
+  [[nodiscard]] const VariantCache& variants() const noexcept { return variants_; }
+
+  [[nodiscard]] KVKey isolated_key(std::span<const token_id> chunk) const {
+    return {model_->fingerprint(), detail::domain_key(hash_tokens(chunk), detail::KeyDomain::isolated)};
+  }
+
+  // Offline: the isolated cache of every chunk of the layout (computed at position 0) that the store does not
+  // hold yet. Returns the number computed.
+  std::int64_t store_chunk_caches(std::span<const token_id> tokens, const PromptLayout& layout) {
+    check_prompt(tokens, layout, "FusionPipeline::store_chunk_caches");
+    std::int64_t computed = 0;
+    for (const PromptChunk& c : layout.chunks) {
+      if (c.range.empty()) continue;
+      const auto chunk = slice(tokens, c.range);
+      const KVKey key = isolated_key(chunk);
+      if (store_->contains(key)) continue;
+      const LlamaKVCache kv = model_->prefill_chunk(chunk, 0);
+      store_->put(key, kv.to_block({0, kv.num_rows()}));
+      ++computed;
+    }
+    return computed;
+  }
+
+  // Offline: an earlier prompt's full prefill with attention statistics. Stores each chunk's in-context KV
+  // as a prefix-cache entry and as a Cache-Craft variant (the profile from CCIScorer, eq. 3-11, 14); KV of
+  // variants the VariantCache evicts is erased from the store.
+  void record_context(std::span<const token_id> tokens, const PromptLayout& layout) {
+    check_prompt(tokens, layout, "FusionPipeline::record_context");
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    LlamaKVCache kv(model_->config().n_layer, model_->config().kv_dim(), n);
+    std::vector<LayerAttention> layers;
+    const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
+      layers.push_back(*r.attention);
+      return r.selected;
+    };
+    TokenSet all;
+    append_range(all, {0, n});
+    PartialPrefillOptions options;
+    options.attention_groups = &layout;
+    (void)model_->partial_prefill(tokens, kv, all, keep_all, options);
+
+    // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
+    // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.
+    std::vector<std::uint64_t> ids;
+    std::vector<bool> variant_of(layout.chunks.size(), false);
+    for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
+      const std::uint64_t id = chunk_content_id(slice(tokens, layout.chunks[j].range));
+      variant_of[j] = !layout.chunks[j].range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end();
+      ids.push_back(variant_of[j] ? id : detail::mix64(id ^ (0x5bd1e995ull * (j + 1))));
+    }
+    const std::vector<ChunkProfile> profiles = CCIScorer().profile(chunk_attention(ids, layout, layers));
+
+    std::uint64_t prefix = kFnvOffset;
+    for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
+      const TokenRange r = layout.chunks[j].range;
+      prefix = hash_tokens(slice(tokens, r), prefix);
+      if (r.empty()) continue;
+      const KVBlock block = kv.to_block(r);
+      store_->put(prefix_key(prefix), block);
+      if (!variant_of[j]) continue;
+      const KVKey vkey = variant_key(profiles[j]);
+      const VariantInsertResult inserted = variants_.insert(profiles[j], vkey);
+      for (const VariantEntry& gone : inserted.evicted) {
+        store_->erase(gone.kv);
+        variant_positions_.erase(gone.kv.content);
+      }
+      store_->put(vkey, block);  // also refreshes the KV of a variant that was already known
+      variant_positions_[vkey.content] = r.begin;
+    }
+  }
+
+  // Online, no compute: what `method` will do for this prompt given what the store holds now.
+  [[nodiscard]] FusionPlan plan(std::span<const token_id> tokens, const PromptLayout& layout,
+                                const FusionMethod& method) const {
+    check_prompt(tokens, layout, "FusionPipeline::plan");
+    return make_plan(tokens, layout, method, nullptr);
+  }
+
+  // Online: the prompt's KV and last-token logits by `method`, timed.
+  FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) {
+    check_prompt(tokens, layout, "FusionPipeline::run");
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    const std::int64_t num_layers = model_->config().n_layer;
+    FusionResult out;
+    out.plan = make_plan(tokens, layout, method, &variants_);
+    FusionPlan& plan = out.plan;
+
+    // Bring the planned KV in and move it to this prompt's positions.
+    out.kv = LlamaKVCache(num_layers, model_->config().kv_dim(), n);
+    bool prefix_broken = false;
+    for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
+      ChunkPlan& c = plan.chunks[j];
+      if (c.source == ChunkSource::compute) continue;
+      if (prefix_broken) {  // a prefix entry is only exact behind the entries before it
+        c.source = ChunkSource::compute;
+        continue;
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      std::optional<KVBlock> block = store_->get(c.key);
+      const bool usable = block.has_value() && block->num_tokens == c.range.size() &&
+                          block->first_position == c.stored_first_position &&
+                          block->bytes.size() == LlamaKVCache::block_bytes(num_layers, out.kv.kv_dim, c.range.size());
+      if (!usable) {
+        ++out.rejected_entries;
+        if (c.source == ChunkSource::isolated) {  // recompute the chunk cache and put it back
+          out.time.load_ms += detail::ms_since(t0);
+          t0 = std::chrono::steady_clock::now();
+          const LlamaKVCache fresh = model_->prefill_chunk(slice(tokens, c.range), 0);
+          block = fresh.to_block({0, fresh.num_rows()});
+          c.stored_first_position = 0;
+          store_->put(c.key, *block);
+          out.time.chunk_compute_ms += detail::ms_since(t0);
+          t0 = std::chrono::steady_clock::now();
+        } else {
+          prefix_broken = c.source == ChunkSource::prefix;
+          c.source = ChunkSource::compute;
+          c.recompute.clear();
+          out.time.load_ms += detail::ms_since(t0);
+          continue;
+        }
+      }
+      out.kv.write_block(c.range, *block);
+      for (std::int64_t r = c.range.begin; r < c.range.end; ++r)
+        out.kv.positions[static_cast<std::size_t>(r)] = c.stored_first_position + (r - c.range.begin);
+      out.time.load_ms += detail::ms_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      if (c.range.begin != c.stored_first_position)
+        model_->rope_shift(out.kv, c.range, c.range.begin - c.stored_first_position);
+      out.time.shift_ms += detail::ms_since(t0);
+    }
+    if (out.rejected_entries > 0) finish_plan(plan, method);  // chunks that became `compute` change S_0
+
+    const auto t0 = std::chrono::steady_clock::now();
+    PartialPrefillOptions options;
+    SelectionPolicy policy = selection_policy(plan, method, options, out.focus);
+    PartialPrefillResult r = model_->partial_prefill(tokens, out.kv, plan.initial, policy, options);
+    out.time.prefill_ms = detail::ms_since(t0);
+    out.logits = std::move(r.logits);
+    out.selected_per_layer = std::move(r.selected_per_layer);
+    std::int64_t total = 0;
+    for (std::int64_t s : out.selected_per_layer) total += s;
+    out.recompute_fraction = static_cast<double>(total) / (static_cast<double>(num_layers) * static_cast<double>(n));
+    return out;
+  }
+
+ private:
+  static std::span<const token_id> slice(std::span<const token_id> tokens, TokenRange r) {
+    return tokens.subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size()));
+  }
+
+  void check_prompt(std::span<const token_id> tokens, const PromptLayout& layout, const char* what) const {
+    layout.validate();
+    detail::require(layout.num_tokens() == static_cast<std::int64_t>(tokens.size()) && !tokens.empty(),
+                    "{}: the layout covers {} tokens but the prompt has {}", what, layout.num_tokens(),
+                    tokens.size());
+  }
+
+  [[nodiscard]] KVKey prefix_key(std::uint64_t chained) const {
+    return {model_->fingerprint(), detail::domain_key(chained, detail::KeyDomain::prefix)};
+  }
+
+  [[nodiscard]] KVKey variant_key(const ChunkProfile& p) const {
+    std::uint64_t h = detail::mix64(p.chunk_id);
+    for (std::uint64_t id : p.stored_prefix) h = detail::mix64(h ^ id);
+    return {model_->fingerprint(), detail::domain_key(h, detail::KeyDomain::variant)};
+  }
+
+  // Sources per chunk and S_0. With `record` set (a run), Cache-Craft lookups count as accesses (f_r).
+  FusionPlan make_plan(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method,
+                       VariantCache* record) const {
+    FusionPlan plan;
+    plan.method = method_name(method);
+    plan.layout = layout;
+    std::vector<std::uint64_t> ids;
+    std::uint64_t prefix = kFnvOffset;
+    bool prefix_open = true;
+    for (const PromptChunk& pc : layout.chunks) {
+      ChunkPlan c;
+      c.range = pc.range;
+      const auto chunk = slice(tokens, pc.range);
+      const std::uint64_t id = chunk_content_id(chunk);
+      prefix = hash_tokens(chunk, prefix);
+      if (pc.cached && !pc.range.empty()) {
+        if (std::holds_alternative<PrefixCaching>(method)) {
+          const KVKey key = prefix_key(prefix);
+          prefix_open = prefix_open && store_->contains(key);
+          if (prefix_open) c = {pc.range, ChunkSource::prefix, key, pc.range.begin, 0.0, {}};
+        } else if (const auto* craft = std::get_if<CacheCraft>(&method)) {
+          // A chunk repeated within the prompt has no prefix-as-a-set score (eq. 6-7): it is recomputed.
+          const bool repeated = std::find(ids.begin(), ids.end(), id) != ids.end();
+          std::optional<VariantMatch> m;
+          if (!repeated) m = record != nullptr ? record->lookup(id, ids) : variants_.best(id, ids);
+          if (m) {
+            // Cache-Craft eq. 12 with the method's alpha; the VariantCache chose the variant by its own alpha.
+            const double cfo = cache_fix_overhead(m->score.cci, m->score.beta_adjusted, craft->alpha);
+            c = {pc.range, ChunkSource::variant, m->kv, variant_positions_.at(m->kv.content), cfo, {}};
+            const std::vector<VariantEntry> stored = variants_.variants(id);
+            for (const VariantEntry& v : stored) {
+              if (v.id != m->variant_id) continue;
+              c.recompute = detail::top_of_ranking(detail::span_of(v.profile.token_ranking),
+                                           recompute_count(cfo, pc.range.size()));  // eq. 14
+            }
+          }
+        } else if (!std::holds_alternative<FullRecompute>(method)) {
+          const KVKey key = isolated_key(chunk);
+          if (store_->contains(key)) c = {pc.range, ChunkSource::isolated, key, 0, 0.0, {}};
+        }
+      }
+      if (!pc.range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+      plan.chunks.push_back(std::move(c));
+    }
+    finish_plan(plan, method);
+    return plan;
+  }
+
+  // layout.cached from the sources, and S_0.
+  void finish_plan(FusionPlan& plan, const FusionMethod& method) const {
+    const auto n = plan.layout.num_tokens();
+    for (std::size_t j = 0; j < plan.chunks.size(); ++j)
+      plan.layout.chunks[j].cached = plan.chunks[j].source != ChunkSource::compute;
+    plan.initial.clear();
+    if (std::holds_alternative<FullRecompute>(method) || std::holds_alternative<CacheBlend>(method)) {
+      append_range(plan.initial, {0, n});  // CacheBlend: layer 0 computes every token (section 4.3)
+    } else if (const auto* link = std::get_if<AttnLink>(&method)) {
+      plan.initial = AttnLinkBoundary(link->config).plan(plan.layout).tokens_for_layer(0);
+    } else {
+      for (const ChunkPlan& c : plan.chunks) {
+        if (c.source == ChunkSource::compute) {
+          append_range(plan.initial, c.range);
+        } else {
+          for (std::int64_t t : c.recompute) plan.initial.push_back(c.range.begin + t);
+        }
+      }
+      append_range(plan.initial, plan.layout.query);
+    }
+    detail::require(!plan.initial.empty() && plan.initial.back() == n - 1,
+                    "FusionPipeline: the prompt's last token must be part of the query (layout query {})",
+                    plan.layout.query);
+  }
+
+  // S_{l+1} for each method (nullptr-equivalent: keep S_l).
+  SelectionPolicy selection_policy(const FusionPlan& plan, const FusionMethod& method, PartialPrefillOptions& options,
+                                   std::optional<FocusDecision>& focus) const {
+    if (const auto* blend = std::get_if<CacheBlend>(&method)) {
+      auto selector = std::make_shared<HKVDSelector>(blend->config, plan.layout,
+                                                     static_cast<int>(model_->config().n_layer));
+      const bool by_value = blend->config.rank_by == KVTensor::value;
+      return [selector, by_value](const LayerReport& r) {  // CacheBlend section 4.3, gradual filtering
+        return selector->select(static_cast<int>(r.layer), r.selected, by_value ? r.v_deviation : r.k_deviation);
+      };
+    }
+    const auto* craft = std::get_if<CacheCraft>(&method);
+    if (craft == nullptr || !craft->focus_termination) return {};
+    // Cache-Craft section 3.2.2: the candidates are the chunks whose tokens are being fixed.
+    std::vector<std::size_t> candidates;
+    for (std::size_t j = 0; j < plan.chunks.size(); ++j)
+      if (plan.chunks[j].source == ChunkSource::variant && !plan.chunks[j].recompute.empty()) candidates.push_back(j);
+    if (candidates.empty()) return {};
+    options.attention_groups = &plan.layout;
+    auto detector = std::make_shared<FocusedChunkDetector>(candidates.size(),
+                                                           static_cast<std::size_t>(model_->config().n_layer),
+                                                           craft->focus);
+    return [detector, candidates, &plan, &focus](const LayerReport& r) -> TokenSet {
+      if (detector->is_final()) return r.selected;
+      const std::vector<float> all = question_attention(*r.attention, r.selected, plan.layout);  // eq. 15 term
+      std::vector<float> mine;
+      for (std::size_t j : candidates) mine.push_back(all[j]);
+      if (!detector->observe(static_cast<std::size_t>(r.layer), mine)) return r.selected;
+      // From L* on, tokens of unfocused chunks keep their (fixed so far) KV.
+      const FocusDecision& d = detector->decision();
+      focus = FocusDecision{d.stabilised, {}, d.cutoff_layer};
+      std::vector<TokenRange> dropped;
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        if (std::binary_search(d.focused.begin(), d.focused.end(), i)) {
+          focus->focused.push_back(candidates[i]);
+        } else {
+          dropped.push_back(plan.chunks[candidates[i]].range);
+        }
+      }
+      TokenSet next;
+      for (std::int64_t t : r.selected) {
+        const bool drop = std::any_of(dropped.begin(), dropped.end(), [t](TokenRange range) { return range.contains(t); });
+        if (!drop) next.push_back(t);
+      }
+      return next;
+    };
+  }
+
+  const CpuLlama* model_;
+  Store* store_;
+  VariantCache variants_;
+  std::unordered_map<std::uint64_t, std::int64_t> variant_positions_;  // variant key content -> first position
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,399 @@
+// DiskKVStore and TieredKVStore: persistence, the file format, rejection of damaged or foreign files, and
+// I/O failures. Expected file names, sizes and header bytes are written out by hand from the format in
+// backend/disk_kv_store.hpp.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvfuse/backend/disk_kv_store.hpp"
+#include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/backend/tiered_kv_store.hpp"
+
+using kvfuse::DiskKVStore;
+using kvfuse::InMemoryKVStore;
+using kvfuse::KVBlock;
+using kvfuse::KVKey;
+using kvfuse::TieredKVStore;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() / fmt::format("kvfuse-disk-kv-test-{}-{}", ::getpid(), counter++);
+    fs::remove_all(path);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+KVBlock make_block(std::int64_t num_tokens, std::vector<unsigned char> bytes, std::int64_t first_position) {
+  KVBlock b;
+  b.num_tokens = num_tokens;
+  for (unsigned char c : bytes) b.bytes.push_back(static_cast<std::byte>(c));
+  b.first_position = first_position;
+  return b;
+}
+
+std::vector<unsigned char> file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void overwrite_bytes(const fs::path& p, std::size_t offset, std::string_view bytes) {
+  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+  REQUIRE(f.is_open());
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(f.good());
+}
+
+int count_files_ending(const fs::path& dir, std::string_view suffix) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().ends_with(suffix)) ++n;
+  }
+  return n;
+}
+
+std::uint64_t u64_at(const std::vector<unsigned char>& bytes, std::size_t offset) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, bytes.data() + offset, sizeof v);
+  return v;
+}
+
+bool contains_text(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+const KVKey key_a{0x1, 0xab};
+const KVBlock block_a = make_block(7, {0x01, 0x02, 0x03, 0xfa}, 42);
+
+void check_block_a(const std::optional<KVBlock>& got) {
+  REQUIRE(got.has_value());
+  CHECK(got->num_tokens == 7);
+  CHECK(got->first_position == 42);
+  REQUIRE(got->bytes.size() == 4);
+  CHECK(got->bytes[0] == std::byte{0x01});
+  CHECK(got->bytes[3] == std::byte{0xfa});
+}
+
+}  // namespace
+
+TEST_CASE("fnv1a_bytes matches the published 64-bit FNV-1a test vectors") {
+  const auto hash = [](std::string_view s) {
+    return kvfuse::detail::fnv1a_bytes(std::as_bytes(std::span(s.data(), s.size())));
+  };
+  CHECK(hash("") == 0xcbf29ce484222325ull);
+  CHECK(hash("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(hash("foobar") == 0x85944171f73967e8ull);
+}
+
+TEST_CASE("DiskKVStore round-trips bytes, num_tokens and first_position in the documented file format") {
+  TempDir tmp;
+  DiskKVStore store(tmp.path / "nested" / "store");  // parents are created
+  CHECK(store.directory() == tmp.path / "nested" / "store");
+  CHECK(fs::is_directory(store.directory()));
+  CHECK_FALSE(store.contains(key_a));
+  CHECK_FALSE(store.get(key_a).has_value());
+  CHECK(store.rejected() == 0);  // a missing file is a miss, not a rejection
+
+  store.put(key_a, block_a);
+  const fs::path file = store.directory() / "0000000000000001-00000000000000ab.kvb";
+  CHECK(store.path_for(key_a) == file);
+  REQUIRE(fs::exists(file));
+  CHECK(store.contains(key_a));
+  check_block_a(store.get(key_a));
+
+  const std::vector<unsigned char> raw = file_bytes(file);
+  REQUIRE(raw.size() == 68);  // 64-byte header + 4 payload bytes
+  CHECK(std::string(raw.begin(), raw.begin() + 8) == "KVFUSEKV");
+  CHECK(u64_at(raw, 8) == 1);  // u32 version 1, then the u32 reserved field, 0
+  CHECK(u64_at(raw, 16) == 0x1);
+  CHECK(u64_at(raw, 24) == 0xab);
+  CHECK(u64_at(raw, 32) == 7);
+  CHECK(u64_at(raw, 40) == 42);
+  CHECK(u64_at(raw, 48) == 4);
+  std::vector<std::byte> checked(56 + 4);
+  std::memcpy(checked.data(), raw.data(), 56);
+  std::memcpy(checked.data() + 56, raw.data() + 64, 4);
+  CHECK(u64_at(raw, 56) == kvfuse::detail::fnv1a_bytes(checked));
+  CHECK(raw[64] == 0x01);
+  CHECK(raw[67] == 0xfa);
+
+  // An empty block (no tokens, no bytes) is a valid entry too.
+  const KVKey empty_key{0x1, 0x0};
+  store.put(empty_key, make_block(0, {}, -3));
+  CHECK(fs::file_size(store.path_for(empty_key)) == 64);
+  const auto empty = store.get(empty_key);
+  REQUIRE(empty.has_value());
+  CHECK(empty->num_tokens == 0);
+  CHECK(empty->bytes.empty());
+  CHECK(empty->first_position == -3);
+  CHECK(store.rejected() == 0);
+}
+
+TEST_CASE("DiskKVStore entries survive a new instance, put replaces, erase removes, no temp files stay") {
+  TempDir tmp;
+  {
+    DiskKVStore store(tmp.path);
+    store.put(key_a, make_block(1, {0x10}, 0));
+    store.put(key_a, block_a);  // replaces
+    store.put({0x2, 0xab}, make_block(2, {0x20, 0x21}, 5));
+  }
+  DiskKVStore reopened(tmp.path);
+  check_block_a(reopened.get(key_a));
+  const auto other = reopened.get({0x2, 0xab});
+  REQUIRE(other.has_value());
+  CHECK(other->num_tokens == 2);
+  CHECK(other->first_position == 5);
+  CHECK(count_files_ending(tmp.path, ".kvb") == 2);
+  CHECK(count_files_ending(tmp.path, ".tmp") == 0);
+
+  CHECK(reopened.erase(key_a));
+  CHECK_FALSE(reopened.erase(key_a));
+  CHECK_FALSE(reopened.contains(key_a));
+  CHECK_FALSE(reopened.get(key_a).has_value());
+  CHECK(reopened.contains({0x2, 0xab}));
+  CHECK(reopened.rejected() == 0);
+}
+
+TEST_CASE("DiskKVStore rejects a corrupt payload byte, moves the file aside, and accepts a new put") {
+  TempDir tmp;
+  DiskKVStore store(tmp.path);
+  store.put(key_a, block_a);
+  const fs::path file = store.path_for(key_a);
+  overwrite_bytes(file, 65, "\x7f");  // payload byte 1: 0x02 -> 0x7f
+
+  CHECK_FALSE(store.get(key_a).has_value());
+  CHECK(store.rejected() == 1);
+  const std::string why = store.last_rejection();
+  CHECK(contains_text(why, "checksum"));
+  CHECK(contains_text(why, "0000000000000001-00000000000000ab.kvb"));
+  CHECK_FALSE(fs::exists(file));
+  CHECK(fs::exists(tmp.path / "0000000000000001-00000000000000ab.kvb.rejected"));
+  CHECK_FALSE(store.contains(key_a));
+  CHECK_FALSE(store.get(key_a).has_value());  // gone now: a plain miss
+  CHECK(store.rejected() == 1);
+
+  store.put(key_a, block_a);
+  check_block_a(store.get(key_a));
+  CHECK(store.rejected() == 1);
+
+  // A second rejection of the same key replaces the older .rejected file.
+  overwrite_bytes(file, 20, "\x55");  // a header byte (model) is checksummed too
+  CHECK_FALSE(store.get(key_a).has_value());
+  CHECK(store.rejected() == 2);
+  CHECK(count_files_ending(tmp.path, ".rejected") == 1);
+  CHECK(file_bytes(tmp.path / "0000000000000001-00000000000000ab.kvb.rejected")[20] == 0x55);
+}
+
+TEST_CASE("DiskKVStore rejects truncated files, wrong magic and unsupported versions") {
+  TempDir tmp;
+  DiskKVStore store(tmp.path);
+  const fs::path file = store.path_for(key_a);
+
+  SUBCASE("payload cut short") {
+    store.put(key_a, block_a);
+    fs::resize_file(file, 66);
+    CHECK_FALSE(store.get(key_a).has_value());
+    CHECK(contains_text(store.last_rejection(), "payload size 4 does not match file size 66"));
+  }
+  SUBCASE("header cut short") {
+    store.put(key_a, block_a);
+    fs::resize_file(file, 10);
+    CHECK_FALSE(store.get(key_a).has_value());
+    CHECK(contains_text(store.last_rejection(), "truncated: 10 bytes"));
+  }
+  SUBCASE("empty file") {
+    std::ofstream(file, std::ios::binary).flush();
+    CHECK(store.contains(key_a));  // contains does not validate
+    CHECK_FALSE(store.get(key_a).has_value());
+    CHECK(contains_text(store.last_rejection(), "truncated: 0 bytes"));
+  }
+  SUBCASE("wrong magic") {
+    store.put(key_a, block_a);
+    overwrite_bytes(file, 0, "X");
+    CHECK_FALSE(store.get(key_a).has_value());
+    CHECK(contains_text(store.last_rejection(), "wrong magic"));
+  }
+  SUBCASE("unsupported version") {
+    store.put(key_a, block_a);
+    overwrite_bytes(file, 8, "\x02");
+    CHECK_FALSE(store.get(key_a).has_value());
+    CHECK(contains_text(store.last_rejection(), "unsupported format version 2"));
+  }
+  CHECK(store.rejected() == 1);
+  CHECK_FALSE(fs::exists(file));
+  CHECK(fs::exists(tmp.path / "0000000000000001-00000000000000ab.kvb.rejected"));
+}
+
+TEST_CASE("DiskKVStore rejects a foreign entry copied under another key's name") {
+  TempDir tmp;
+  DiskKVStore store(tmp.path);
+  store.put(key_a, block_a);
+
+  SUBCASE("another model") {
+    const KVKey other_model{0x2, 0xab};
+    fs::copy_file(store.path_for(key_a), tmp.path / "0000000000000002-00000000000000ab.kvb");
+    CHECK(store.contains(other_model));
+    CHECK_FALSE(store.get(other_model).has_value());
+    const std::string why = store.last_rejection();
+    CHECK(contains_text(why, "model 0x0000000000000001"));
+    CHECK(contains_text(why, "0x0000000000000002"));
+    CHECK(fs::exists(tmp.path / "0000000000000002-00000000000000ab.kvb.rejected"));
+  }
+  SUBCASE("other content") {
+    const KVKey other_content{0x1, 0xcd};
+    fs::copy_file(store.path_for(key_a), tmp.path / "0000000000000001-00000000000000cd.kvb");
+    CHECK_FALSE(store.get(other_content).has_value());
+    const std::string why = store.last_rejection();
+    CHECK(contains_text(why, "content 0x00000000000000ab"));
+    CHECK(contains_text(why, "0x00000000000000cd"));
+  }
+  CHECK(store.rejected() == 1);
+  check_block_a(store.get(key_a));  // the original is untouched
+  CHECK(store.rejected() == 1);
+}
+
+TEST_CASE("DiskKVStore reports I/O failures: directory removed, path is a file, negative num_tokens") {
+  TempDir tmp;
+  {
+    DiskKVStore store(tmp.path / "store");
+    store.put(key_a, block_a);
+    fs::remove_all(tmp.path / "store");
+    try {
+      store.put(key_a, block_a);
+      FAIL("put into a removed directory must throw");
+    } catch (const kvfuse::error& e) {
+      CHECK(contains_text(e.what(), (tmp.path / "store" / "0000000000000001-00000000000000ab.kvb").string()));
+      CHECK(contains_text(e.what(), "No such file or directory"));
+    }
+    CHECK_FALSE(store.get(key_a).has_value());
+    CHECK_FALSE(store.contains(key_a));
+    CHECK_FALSE(store.erase(key_a));
+    CHECK(store.rejected() == 0);
+  }
+
+  const fs::path regular = tmp.path / "plain-file";
+  std::ofstream(regular) << "not a directory";
+  try {
+    DiskKVStore bad(regular);
+    FAIL("a regular file is not a store directory");
+  } catch (const kvfuse::error& e) {
+    CHECK(contains_text(e.what(), regular.string()));
+  }
+  CHECK_THROWS_AS(DiskKVStore(regular / "below"), kvfuse::error);  // cannot create under a file
+
+  DiskKVStore store(tmp.path / "store2");
+  try {
+    store.put(key_a, make_block(-1, {0x01}, 0));
+    FAIL("negative num_tokens must be rejected");
+  } catch (const kvfuse::error& e) {
+    CHECK(contains_text(e.what(), "num_tokens = -1"));
+  }
+  CHECK_FALSE(store.contains(key_a));
+  CHECK(count_files_ending(store.directory(), ".tmp") == 0);
+}
+
+TEST_CASE("DiskKVStore: a reader thread racing a writer only ever sees whole entries") {
+  TempDir tmp;
+  DiskKVStore store(tmp.path);
+  const auto block_of = [](int i) {
+    // Sizes and contents vary with i, so a torn file could not pass as any whole one.
+    return make_block(i, std::vector<unsigned char>(static_cast<std::size_t>(1 + (i % 7) * 1000),
+                                                    static_cast<unsigned char>(i)),
+                      i);
+  };
+  std::atomic<bool> done{false};
+  std::atomic<int> hits{0};
+  int bad = 0;
+  std::thread reader([&] {
+    while (!done.load()) {
+      const auto got = store.get(key_a);
+      if (!got) continue;
+      ++hits;
+      const auto i = static_cast<int>(got->num_tokens);
+      if (got->first_position != i || got->bytes.size() != static_cast<std::size_t>(1 + (i % 7) * 1000) ||
+          got->bytes.back() != static_cast<std::byte>(static_cast<unsigned char>(i))) {
+        ++bad;
+      }
+    }
+  });
+  // At least 300 puts, and on until the reader has overlapped with 100 of them (bounded, for slow machines).
+  int puts = 0;
+  while (puts < 300 || (hits.load() < 100 && puts < 100000)) store.put(key_a, block_of(puts++));
+  done = true;
+  reader.join();
+  CHECK(hits.load() >= 100);
+  CHECK(bad == 0);
+  CHECK(store.rejected() == 0);
+  const auto last = store.get(key_a);
+  REQUIRE(last.has_value());
+  CHECK(last->num_tokens == puts - 1);
+  CHECK(count_files_ending(tmp.path, ".tmp") == 0);
+}
+
+TEST_CASE("TieredKVStore promotes slow hits and keeps serving from memory when the disk tier fails") {
+  TempDir tmp;
+  InMemoryKVStore memory;
+  DiskKVStore disk(tmp.path / "disk");
+  TieredKVStore<InMemoryKVStore, DiskKVStore> tiered(memory, disk);
+
+  // Promotion: an entry only on disk is copied into memory by get.
+  disk.put(key_a, block_a);
+  CHECK(tiered.contains(key_a));
+  CHECK_FALSE(memory.contains(key_a));
+  check_block_a(tiered.get(key_a));
+  CHECK(memory.contains(key_a));
+  check_block_a(memory.get(key_a));
+
+  // put writes both tiers.
+  const KVKey key_b{0x1, 0xbb};
+  tiered.put(key_b, make_block(2, {0x0b, 0x0c}, 9));
+  CHECK(memory.contains(key_b));
+  CHECK(disk.contains(key_b));
+  CHECK(tiered.slow_put_failures() == 0);
+  CHECK(tiered.last_slow_error().empty());
+
+  // The disk tier goes away: reads are served from memory, puts keep the block in memory and record why.
+  fs::remove_all(tmp.path / "disk");
+  const KVKey key_c{0x1, 0xcc};
+  CHECK_NOTHROW(tiered.put(key_c, make_block(3, {0x0c}, 11)));
+  CHECK(tiered.slow_put_failures() == 1);
+  CHECK(contains_text(tiered.last_slow_error(), (tmp.path / "disk").string()));
+  const auto c = tiered.get(key_c);
+  REQUIRE(c.has_value());
+  CHECK(c->num_tokens == 3);
+  CHECK(c->first_position == 11);
+  check_block_a(tiered.get(key_a));
+  CHECK(tiered.get(key_b).has_value());
+  CHECK_FALSE(tiered.get({0x1, 0xdd}).has_value());  // a miss in both tiers
+  CHECK(disk.rejected() == 0);
+
+  // erase: true when either tier had it.
+  CHECK(tiered.erase(key_c));
+  CHECK_FALSE(tiered.contains(key_c));
+  CHECK_FALSE(tiered.erase(key_c));
+}

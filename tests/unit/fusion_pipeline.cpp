@@ -1,0 +1,442 @@
+// FusionPipeline: every method through the one loop, checked against full prefill; the chunk-cache store's
+// failure modes (corrupt, foreign-model, missing entries, a store that goes away) through the real pipeline;
+// the edge cases of design.md (100 % hit with reordered chunks, the same prompt twice, empty and one-token
+// chunks). A small random-weights Llama runs everywhere; the last case runs SmolLM2 on real text (Release
+// builds with the model file).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kvfuse/backend/disk_kv_store.hpp"
+#include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/backend/tiered_kv_store.hpp"
+#include "kvfuse/cpu.hpp"
+#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/fusion/fusion_pipeline.hpp"
+
+#include "../support/error_of.hpp"
+#include "../support/model_path.hpp"
+
+using namespace kvfuse;
+using kvfuse_test::error_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+LlamaConfig small_config() {
+  LlamaConfig c;
+  c.n_layer = 6;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = 8;
+  c.n_ff = 64;
+  c.n_vocab = 96;
+  c.rope_base = 10000.0;
+  c.rms_eps = 1e-5;
+  return c;
+}
+
+CpuLlama small_model(std::uint64_t seed = 5) {
+  const LlamaConfig c = small_config();
+  return CpuLlama(c, LlamaWeights::random(c, seed), CpuLlamaOptions{2, 8});
+}
+
+std::vector<token_id> chunk_tokens(std::size_t n, std::uint32_t seed) {
+  std::vector<token_id> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<token_id>((seed * 2654435761u + 31u * i * i + 7u * i) % 96u);
+  return t;
+}
+
+// A prompt [system, passages..., query] from token pieces, with its layout.
+struct Prompt {
+  std::vector<token_id> tokens;
+  PromptLayout layout;
+};
+
+Prompt assemble(const std::vector<std::vector<token_id>>& chunks, const std::vector<token_id>& query) {
+  Prompt p;
+  std::vector<std::int64_t> lengths;
+  for (const auto& c : chunks) {
+    p.tokens.insert(p.tokens.end(), c.begin(), c.end());
+    lengths.push_back(static_cast<std::int64_t>(c.size()));
+  }
+  p.tokens.insert(p.tokens.end(), query.begin(), query.end());
+  p.layout = PromptLayout::from_lengths(lengths, static_cast<std::int64_t>(query.size()));
+  return p;
+}
+
+const std::vector<token_id> kSystem = chunk_tokens(6, 1);
+const std::vector<token_id> kA = chunk_tokens(9, 2);
+const std::vector<token_id> kB = chunk_tokens(11, 3);
+const std::vector<token_id> kC = chunk_tokens(8, 4);
+const std::vector<token_id> kQuery = chunk_tokens(5, 5);
+
+double max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("kvfuse-fusion-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("method names: defaults are bare, sweep points are name@value, bad names are refused") {
+  for (const char* name : {"full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.05",
+                           "attnlink@4", "cachecraft@2", "cachecraft-nofocus", "cachecraft@0.5-nofocus"})
+    CHECK(method_name(parse_method(name)) == name);
+  CHECK(method_name(parse_method("cacheblend@0.15")) == "cacheblend");
+  CHECK(std::get<CacheBlend>(parse_method("cacheblend@0.3")).config.recompute_ratio == 0.3);
+  // Gradual filtering margins shrink so that r + margin stays <= 1.
+  const std::vector<double> margins = std::get<CacheBlend>(parse_method("cacheblend@0.95")).config.ratio_margins;
+  REQUIRE(margins.size() == 3);
+  CHECK(margins[0] == doctest::Approx(0.05));
+  CHECK(margins[1] == doctest::Approx(0.05));
+  CHECK(margins[2] == 0.0);
+  CHECK(std::get<AttnLink>(parse_method("attnlink@32")).config.k == 32);
+  CHECK(error_of([] { (void)parse_method("blend"); }).find("unknown fusion method 'blend'") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("attnlink@2.5"); }).find("k = 2.5") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("cacheblend@x"); }).find("setting 'x' is not a number") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("cacheblend@1.5"); }).find("1.5") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("naive@3"); }).find("takes no setting") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("cachecraft@-1"); }).find("alpha = -1") != std::string::npos);
+}
+
+TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r = 1") {
+  const CpuLlama model = small_model();
+  InMemoryKVStore store;
+  FusionPipeline pipeline(model, store);
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  pipeline.store_chunk_caches(p.tokens, p.layout);
+  const LlamaPrefill reference = model.full_prefill(p.tokens);
+
+  for (const std::string name : {"full", "cacheblend@1"}) {
+    CAPTURE(name);
+    const FusionResult r = pipeline.run(p.tokens, p.layout, parse_method(name));
+    CHECK(r.logits == reference.logits);
+    CHECK(r.recompute_fraction == 1.0);
+    for (std::int64_t l = 0; l < model.config().n_layer; ++l) {
+      CHECK(r.kv.k[static_cast<std::size_t>(l)] == reference.kv.k[static_cast<std::size_t>(l)]);
+      CHECK(r.kv.v[static_cast<std::size_t>(l)] == reference.kv.v[static_cast<std::size_t>(l)]);
+    }
+  }
+  // Full recompute loads nothing.
+  CHECK(pipeline.plan(p.tokens, p.layout, FullRecompute{}).chunks[1].source == ChunkSource::compute);
+  // AttnLink with k >= every chunk recomputes all but the first chunk, whose isolated cache at position 0 is
+  // exact: full prefill up to float rounding.
+  const FusionResult link = pipeline.run(p.tokens, p.layout, parse_method("attnlink@64"));
+  CHECK(link.recompute_fraction == doctest::Approx(1.0 - 6.0 / static_cast<double>(p.tokens.size())));
+  CHECK(max_abs_diff(link.logits, reference.logits) < 1e-4);
+}
+
+TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction follow the plan") {
+  const CpuLlama model = small_model();
+  InMemoryKVStore store;
+  FusionPipeline pipeline(model, store);
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  const auto n = static_cast<std::int64_t>(p.tokens.size());
+  const std::int64_t layers = model.config().n_layer;
+  CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 4);
+  CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 0);  // computed once per (model, chunk)
+  // An earlier prompt: same system prompt and first passage, the others swapped.
+  const Prompt earlier = assemble({kSystem, kA, kC, kB}, chunk_tokens(4, 9));
+  pipeline.record_context(earlier.tokens, earlier.layout);
+  const LlamaPrefill reference = model.full_prefill(p.tokens);
+
+  SUBCASE("naive: the query only, on every layer") {
+    const FusionResult r = pipeline.run(p.tokens, p.layout, NaiveReuse{});
+    for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == ChunkSource::isolated);
+    CHECK(r.plan.initial == TokenSet{n - 5, n - 4, n - 3, n - 2, n - 1});
+    CHECK(r.selected_per_layer == std::vector<std::int64_t>(static_cast<std::size_t>(layers), 5));
+    CHECK(r.recompute_fraction == doctest::Approx(5.0 / static_cast<double>(n)));
+    CHECK(r.logits != reference.logits);  // isolated caches are not the prompt's KV
+  }
+  SUBCASE("prefix: system + A are loaded exactly, everything after them is recomputed") {
+    const FusionResult r = pipeline.run(p.tokens, p.layout, PrefixCaching{});
+    CHECK(r.plan.chunks[0].source == ChunkSource::prefix);
+    CHECK(r.plan.chunks[1].source == ChunkSource::prefix);
+    CHECK(r.plan.chunks[2].source == ChunkSource::compute);  // B follows C in the earlier prompt
+    CHECK(r.plan.chunks[3].source == ChunkSource::compute);
+    const std::int64_t after = n - 15;
+    CHECK(r.selected_per_layer == std::vector<std::int64_t>(static_cast<std::size_t>(layers), after));
+    CHECK(max_abs_diff(r.logits, reference.logits) < 1e-4);
+  }
+  SUBCASE("CacheBlend r = 0.15: layer 0 all, then the HKVDSelector schedule") {
+    const FusionResult r = pipeline.run(p.tokens, p.layout, CacheBlend{});
+    const HKVDPlan expected = HKVDSelector(HKVDConfig{}, p.layout, static_cast<int>(layers)).plan();
+    CHECK(r.selected_per_layer == expected.tokens_per_layer);
+    CHECK(r.selected_per_layer.front() == n);
+    CHECK(r.recompute_fraction == doctest::Approx(expected.compute_fraction()));
+  }
+  SUBCASE("AttnLink k = 4: the first 4 tokens of B and C and of A, plus the query, on every layer") {
+    const FusionResult r = pipeline.run(p.tokens, p.layout, parse_method("attnlink@4"));
+    TokenSet expected{6, 7, 8, 9, 15, 16, 17, 18, 26, 27, 28, 29};
+    for (std::int64_t t = n - 5; t < n; ++t) expected.push_back(t);
+    CHECK(r.plan.initial == expected);
+    CHECK(r.selected_per_layer == std::vector<std::int64_t>(static_cast<std::size_t>(layers), 17));
+  }
+  // Cache-Craft's variants come from an earlier prompt in which a chunk D preceded C, B and A.
+  InMemoryKVStore craft_store;
+  FusionPipeline craft(model, craft_store);
+  const Prompt with_d = assemble({kSystem, chunk_tokens(7, 6), kC, kB, kA}, chunk_tokens(4, 9));
+  craft.record_context(with_d.tokens, with_d.layout);
+  CHECK(craft.variants().size() == 5);
+
+  SUBCASE("Cache-Craft: variants by CFO, exact prefixes fix nothing, changed prefixes fix ceil(CFO |C|) tokens") {
+    CacheCraft method;
+    method.focus.window = 2;
+    const FusionResult r = craft.run(p.tokens, p.layout, method);
+    REQUIRE(r.plan.chunks.size() == 4);
+    for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == ChunkSource::variant);
+    // The system prompt sits behind the same (no) chunks as when it was computed: beta' = 1, CFO = 0 (eq. 12).
+    CHECK(r.plan.chunks[0].cfo == 0.0);
+    CHECK(r.plan.chunks[0].recompute.empty());
+    // A, B and C lost D (and more) from their prefix: CFO > 0 and N = ceil(CFO * |C|) tokens (eq. 12, 14).
+    for (std::size_t j : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+      const ChunkPlan& c = r.plan.chunks[j];
+      CHECK(c.cfo > 0.0);
+      CHECK(static_cast<std::int64_t>(c.recompute.size()) ==
+            std::min(c.range.size(), static_cast<std::int64_t>(std::ceil(c.cfo * static_cast<double>(c.range.size()) - 1e-9))));
+    }
+    std::int64_t planned = 5;
+    for (const ChunkPlan& c : r.plan.chunks) planned += static_cast<std::int64_t>(c.recompute.size());
+    CHECK(static_cast<std::int64_t>(r.plan.initial.size()) == planned);
+    CHECK(r.selected_per_layer.front() == planned);
+    REQUIRE(r.focus.has_value());
+    // Before L* every selected token is recomputed; from L* on, only focused chunks' tokens and the query.
+    for (std::size_t l = 0; l < r.focus->cutoff_layer && l < r.selected_per_layer.size(); ++l)
+      CHECK(r.selected_per_layer[l] == planned);
+    std::int64_t kept = 5;
+    for (std::size_t j : r.focus->focused) kept += static_cast<std::int64_t>(r.plan.chunks[j].recompute.size());
+    for (std::size_t l = r.focus->cutoff_layer; l < r.selected_per_layer.size(); ++l)
+      CHECK(r.selected_per_layer[l] == kept);
+    // The VariantCache counted the accesses: f_r > 0 for the four chosen variants, 0 for D's.
+    std::int64_t used = 0;
+    for (const VariantEntry& v : craft.variants().entries()) used += v.reuse_frequency > 0.0 ? 1 : 0;
+    CHECK(used == 4);
+  }
+  SUBCASE("Cache-Craft with a large alpha and no focus termination recomputes every token of a moved chunk") {
+    const FusionResult r = craft.run(p.tokens, p.layout, parse_method("cachecraft@1000-nofocus"));
+    CHECK(r.plan.chunks[1].recompute.size() == kA.size());
+    CHECK(r.plan.chunks[2].recompute.size() == kB.size());
+    CHECK(r.plan.chunks[3].recompute.size() == kC.size());
+    CHECK(!r.focus.has_value());
+    // The rest is exact in-context KV, so the result is full prefill up to float rounding.
+    CHECK(max_abs_diff(r.logits, reference.logits) < 1e-4);
+  }
+}
+
+TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, empty and one-token chunks") {
+  const CpuLlama model = small_model();
+  InMemoryKVStore store;
+  FusionPipeline pipeline(model, store);
+  const Prompt first = assemble({kSystem, kA, kB, kC}, kQuery);
+  pipeline.store_chunk_caches(first.tokens, first.layout);
+
+  // Reordered: every chunk hits; each loaded chunk is moved to its new place by one RoPE shift, which
+  // matches computing the chunk alone at that place.
+  const Prompt reordered = assemble({kSystem, kC, kA, kB}, kQuery);
+  const FusionResult r = pipeline.run(reordered.tokens, reordered.layout, NaiveReuse{});
+  CHECK(r.rejected_entries == 0);
+  for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == ChunkSource::isolated);
+  const TokenRange a = reordered.layout.chunks[2].range;
+  const LlamaKVCache direct = model.prefill_chunk(kA, a.begin);
+  const LlamaKVCache loaded = r.kv.slice(a);
+  CHECK(loaded.positions == direct.positions);
+  for (std::int64_t l = 0; l < model.config().n_layer; ++l) {
+    CHECK(max_abs_diff(loaded.k[static_cast<std::size_t>(l)], direct.k[static_cast<std::size_t>(l)]) < 1e-4);
+    CHECK(max_abs_diff(loaded.v[static_cast<std::size_t>(l)], direct.v[static_cast<std::size_t>(l)]) < 1e-4);
+  }
+
+  // The same prompt twice: same plan, bit-identical results, nothing recomputed offline.
+  for (const FusionMethod& m : {FusionMethod{NaiveReuse{}}, FusionMethod{CacheBlend{}}, FusionMethod{AttnLink{}}}) {
+    const FusionResult x = pipeline.run(reordered.tokens, reordered.layout, m);
+    const FusionResult y = pipeline.run(reordered.tokens, reordered.layout, m);
+    CHECK(x.logits == y.logits);
+    CHECK(x.plan.initial == y.plan.initial);
+    CHECK(x.selected_per_layer == y.selected_per_layer);
+  }
+  CHECK(pipeline.store_chunk_caches(reordered.tokens, reordered.layout) == 0);
+
+  // Empty and one-token chunks, through every method.
+  const Prompt odd = assemble({kSystem, {}, {kA.front()}, kB, {}}, kQuery);
+  pipeline.store_chunk_caches(odd.tokens, odd.layout);
+  pipeline.record_context(odd.tokens, odd.layout);
+  const LlamaPrefill reference = model.full_prefill(odd.tokens);
+  for (const std::string name : {"full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cacheblend@1"}) {
+    CAPTURE(name);
+    const FusionResult x = pipeline.run(odd.tokens, odd.layout, parse_method(name));
+    for (float v : x.logits) REQUIRE(std::isfinite(v));
+    CHECK(x.plan.chunks[1].source == ChunkSource::compute);  // empty: nothing to load
+    if (name == "full" || name == "cacheblend@1") CHECK(x.logits == reference.logits);
+    if (name == "prefix") CHECK(max_abs_diff(x.logits, reference.logits) < 1e-4);  // all loaded, exact
+  }
+}
+
+TEST_CASE("chunk-cache store on disk: corrupt and foreign-model entries are rejected and recomputed, never used") {
+  const CpuLlama model = small_model(5);
+  const CpuLlama other = small_model(6);
+  REQUIRE(model.fingerprint() != other.fingerprint());
+  const Prompt p = assemble({kSystem, kA, kB}, kQuery);
+  TempDir dir;
+
+  std::vector<float> clean;
+  {
+    InMemoryKVStore memory;
+    DiskKVStore disk(dir.path);
+    TieredKVStore tiered(memory, disk);
+    FusionPipeline pipeline(model, tiered);
+    CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 3);
+    clean = pipeline.run(p.tokens, p.layout, NaiveReuse{}).logits;
+  }
+  // A new process: nothing in memory, the disk entries persist and give the same result.
+  InMemoryKVStore memory;
+  DiskKVStore disk(dir.path);
+  TieredKVStore tiered(memory, disk);
+  FusionPipeline pipeline(model, tiered);
+  CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 0);
+  CHECK(pipeline.run(p.tokens, p.layout, NaiveReuse{}).logits == clean);
+
+  // Corrupt one byte of A's entry: the disk tier rejects it, the pipeline recomputes A's cache and puts it back.
+  memory.clear();
+  const std::span<const token_id> a(p.tokens.data() + p.layout.chunks[1].range.begin, kA.size());
+  const fs::path a_file = disk.path_for(pipeline.isolated_key(a));
+  {
+    std::fstream f(a_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    const char x = 0x5a;
+    f.write(&x, 1);
+  }
+  FusionResult r = pipeline.run(p.tokens, p.layout, NaiveReuse{});
+  CHECK(r.rejected_entries == 1);
+  CHECK(disk.rejected() == 1);
+  CHECK(disk.last_rejection().find("checksum") != std::string::npos);
+  CHECK(r.time.chunk_compute_ms > 0.0);
+  CHECK(r.logits == clean);
+  memory.clear();
+  CHECK(disk.get(pipeline.isolated_key(a)).has_value());  // the recomputed entry is valid again
+
+  // A foreign model's entry under this model's key name (same chunk content): rejected, recomputed.
+  InMemoryKVStore other_memory;
+  TieredKVStore other_tiered(other_memory, disk);
+  FusionPipeline other_pipeline(other, other_tiered);
+  CHECK(other_pipeline.store_chunk_caches(p.tokens, p.layout) == 3);  // keys carry the model: no sharing
+  fs::copy_file(disk.path_for(other_pipeline.isolated_key(a)), a_file, fs::copy_options::overwrite_existing);
+  memory.clear();
+  r = pipeline.run(p.tokens, p.layout, NaiveReuse{});
+  CHECK(r.rejected_entries == 1);
+  CHECK(disk.rejected() == 2);
+  CHECK(disk.last_rejection().find(fmt::format("{:#x}", other.fingerprint())) != std::string::npos);
+  CHECK(r.logits == clean);
+}
+
+TEST_CASE("a store that goes away mid-request loses nothing: missing entries become recomputed chunks") {
+  const CpuLlama model = small_model();
+  const Prompt p = assemble({kSystem, kA, kB}, kQuery);
+  const LlamaPrefill reference = model.full_prefill(p.tokens);
+  TempDir dir;
+  InMemoryKVStore memory;
+  DiskKVStore disk(dir.path);
+  TieredKVStore tiered(memory, disk);
+  FusionPipeline pipeline(model, tiered);
+  pipeline.store_chunk_caches(p.tokens, p.layout);
+  pipeline.record_context(p.tokens, p.layout);
+
+  // Planned against a full store, then the store disappears before the KV is read.
+  const FusionPlan planned = pipeline.plan(p.tokens, p.layout, PrefixCaching{});
+  CHECK(planned.chunks[2].source == ChunkSource::prefix);
+  memory.clear();
+  fs::remove_all(dir.path);
+  const FusionResult prefix = pipeline.run(p.tokens, p.layout, PrefixCaching{});
+  CHECK(prefix.logits == reference.logits);  // every chunk recomputed: full prefill
+  CHECK(prefix.recompute_fraction == 1.0);
+
+  const FusionResult naive = pipeline.run(p.tokens, p.layout, NaiveReuse{});
+  for (const ChunkPlan& c : naive.plan.chunks) CHECK(c.source == ChunkSource::compute);
+  CHECK(naive.logits == reference.logits);
+
+  // Writing into the vanished directory fails in the disk tier only; the memory tier keeps the entries.
+  CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 3);
+  CHECK(tiered.slow_put_failures() == 3);
+  CHECK(pipeline.run(p.tokens, p.layout, NaiveReuse{}).rejected_entries == 0);
+}
+
+TEST_CASE("bad input: a layout that does not cover the prompt, a prompt without a query") {
+  const CpuLlama model = small_model();
+  InMemoryKVStore store;
+  FusionPipeline pipeline(model, store);
+  const Prompt p = assemble({kSystem, kA}, kQuery);
+  PromptLayout short_layout = p.layout;
+  short_layout.query.end -= 1;
+  CHECK(error_of([&] { (void)pipeline.run(p.tokens, short_layout, NaiveReuse{}); })
+            .find("covers 19 tokens but the prompt has 20") != std::string::npos);
+  const Prompt no_query = assemble({kSystem, kA}, {});
+  pipeline.store_chunk_caches(no_query.tokens, no_query.layout);
+  CHECK(error_of([&] { (void)pipeline.run(no_query.tokens, no_query.layout, NaiveReuse{}); })
+            .find("last token must be part of the query") != std::string::npos);
+}
+
+TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers part of naive reuse's KL gap") {
+#ifdef NDEBUG
+  constexpr bool optimized = true;
+#else
+  constexpr bool optimized = false;
+#endif
+  const fs::path path = kvfuse_test::model_path();
+  if (!optimized || !fs::exists(path)) {
+    MESSAGE("skipped: needs a Release build and the model file (scripts/fetch_model.sh)");
+    return;
+  }
+  const GGUFFile file = GGUFFile::open(path);
+  const BPETokenizer tok(TokenizerVocab::from_gguf(file));
+  const CpuLlama model = CpuLlama::from_gguf(file);
+  const std::vector<std::string> passages{
+      "Exeter College is one of the constituent colleges of the University of Oxford in England, founded in 1314.",
+      "Hannibal and Scipio is a 1637 tragedy by Thomas Nabbes, who was educated at Exeter College, Oxford.",
+      "The Southern Maryland Electric Cooperative is headquartered in Hughesville, in Charles County, Maryland."};
+  const RagPrompt prompt = build_rag_prompt(tok, "Answer the question using the documents, in a few words.",
+                                            passages, "Where was the author of Hannibal and Scipio educated?");
+  std::vector<std::string> earlier = passages;
+  std::reverse(earlier.begin() + 1, earlier.end());
+  const RagPrompt warm = build_rag_prompt(tok, "Answer the question using the documents, in a few words.", earlier,
+                                          "Which county is Hughesville in?");
+  InMemoryKVStore store;
+  FusionPipeline pipeline(model, store);
+  pipeline.store_chunk_caches(prompt.tokens, prompt.layout());
+  pipeline.record_context(warm.tokens, warm.layout());
+
+  const FusionResult full = pipeline.run(prompt.tokens, prompt.layout(), FullRecompute{});
+  CHECK(full.logits == model.full_prefill(prompt.tokens).logits);
+  const double naive_kl = eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), NaiveReuse{}).logits);
+  CHECK(naive_kl > 0.0);
+  MESSAGE("KL(full || naive) = " << naive_kl);
+  for (const char* name : {"prefix", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.5"}) {
+    const FusionResult r = pipeline.run(prompt.tokens, prompt.layout(), parse_method(name));
+    const double kl = eval::kl_divergence(full.logits, r.logits);
+    MESSAGE(name << ": KL " << kl << ", recomputed " << r.recompute_fraction);
+    CHECK(r.recompute_fraction < 1.0);
+    CHECK(std::isfinite(kl));
+  }
+  // Prefix caching reuses exact KV (the system prompt and the first passage) and CacheBlend at r = 0.5 recomputes
+  // half of every later layer: both must be closer to full prefill than naive reuse.
+  CHECK(eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), PrefixCaching{}).logits) < 1e-6);
+  CHECK(eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), parse_method("cacheblend@0.5")).logits) <
+        naive_kl);
+}
