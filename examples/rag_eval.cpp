@@ -273,6 +273,7 @@ int main(int argc, char** argv) try {
   nlohmann::json per_question = nlohmann::json::array();
   double offline_ms = 0.0;
   std::int64_t total_tokens = 0;
+  std::int64_t chunk_caches_computed = 0;  // isolated chunk caches the store did not hold yet
 
   const auto evaluate = [&](auto& pipeline) {
     for (std::size_t qi = 0; qi < questions.size(); ++qi) {
@@ -286,7 +287,8 @@ int main(int argc, char** argv) try {
 
       // Offline: isolated chunk caches, and an earlier prompt (first passage kept, the rest reversed).
       auto t0 = std::chrono::steady_clock::now();
-      pipeline.store_chunk_caches(prompt.tokens, layout);
+      const std::int64_t computed = pipeline.store_chunk_caches(prompt.tokens, layout);
+      chunk_caches_computed += computed;
       std::vector<std::string> earlier = passages;
       std::reverse(earlier.begin() + 1, earlier.end());
       const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
@@ -295,7 +297,8 @@ int main(int argc, char** argv) try {
       offline_ms += q_offline;
 
       nlohmann::json qj{{"index", o.start + static_cast<std::int64_t>(qi)}, {"tokens", n},
-                        {"question", q.question}, {"gold", q.answers}, {"offline_ms", q_offline}};
+                        {"question", q.question}, {"gold", q.answers}, {"offline_ms", q_offline},
+                        {"chunk_caches_computed", computed}};
       std::vector<float> full_logits;
       std::string full_answer;
       double full_ms = 0.0;
@@ -351,6 +354,7 @@ int main(int argc, char** argv) try {
   results["passages_per_question"] = o.max_passages;
   results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(questions.size());
   results["offline_ms_mean"] = offline_ms / static_cast<double>(questions.size());
+  results["chunk_caches_computed"] = chunk_caches_computed;
   results["threads"] = model.threads();
   for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
   results["per_question"] = per_question;

@@ -427,7 +427,7 @@ TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers p
   const double naive_kl = eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), NaiveReuse{}).logits);
   CHECK(naive_kl > 0.0);
   MESSAGE("KL(full || naive) = " << naive_kl);
-  for (const char* name : {"prefix", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.5"}) {
+  for (const std::string name : {"prefix", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.5"}) {
     const FusionResult r = pipeline.run(prompt.tokens, prompt.layout(), parse_method(name));
     const double kl = eval::kl_divergence(full.logits, r.logits);
     MESSAGE(name << ": KL " << kl << ", recomputed " << r.recompute_fraction);
