@@ -116,6 +116,8 @@ TEST_CASE("method names: defaults are bare, sweep points are name@value, bad nam
   CHECK(error_of([] { (void)parse_method("cacheblend@x"); }).find("setting 'x' is not a number") != std::string::npos);
   CHECK(error_of([] { (void)parse_method("cacheblend@1.5"); }).find("1.5") != std::string::npos);
   CHECK(error_of([] { (void)parse_method("naive@3"); }).find("takes no setting") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("cacheblend@"); }).find("no value after '@'") != std::string::npos);
+  CHECK(error_of([] { (void)parse_method("attnlink@1e30"); }).find("k = 1e30") != std::string::npos);
   CHECK(error_of([] { (void)parse_method("cachecraft@-1"); }).find("alpha = -1") != std::string::npos);
 }
 
@@ -371,6 +373,14 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
   const FusionResult naive = pipeline.run(p.tokens, p.layout, NaiveReuse{});
   for (const ChunkPlan& c : naive.plan.chunks) CHECK(c.source == ChunkSource::compute);
   CHECK(naive.logits == reference.logits);
+
+  // Cache-Craft forgets the variants whose KV is gone instead of choosing them and failing to load them.
+  CHECK(pipeline.variants().size() == 3);
+  const FusionResult craft = pipeline.run(p.tokens, p.layout, CacheCraft{});
+  CHECK(pipeline.variants().size() == 0);
+  CHECK(craft.rejected_entries == 0);
+  for (const ChunkPlan& c : craft.plan.chunks) CHECK(c.source == ChunkSource::compute);
+  CHECK(craft.logits == reference.logits);
 
   // Writing into the vanished directory fails in the disk tier only; the memory tier keeps the entries.
   CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 3);

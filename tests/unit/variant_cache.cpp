@@ -304,3 +304,22 @@ TEST_CASE("variant cache: bad config and bad input throw kvfuse::error naming th
   CHECK_THROWS_WITH_AS((void)cache.best(1, Ids{4, 4}), doctest::Contains("chunk id 0x4 appears more than once"), error);
   CHECK(cache.size() == 1);
 }
+
+TEST_CASE("variant cache: erase removes one variant, its KV key and, with the last variant, the chunk") {
+  constexpr std::uint64_t kX = 100;
+  VariantCache cache;
+  const auto a = cache.insert(make_profile(kX, 10, {1, 2}, {1.0, 1.0}, 0.8), key(1));
+  const auto b = cache.insert(make_profile(kX, 10, {3}, {2.0}, 0.6), key(2));
+  CHECK(cache.size() == 2);
+  CHECK(cache.erase(b.variant_id));
+  CHECK_FALSE(cache.erase(b.variant_id));
+  CHECK(cache.size() == 1);
+  CHECK(cache.best(kX, Ids{3})->variant_id == a.variant_id);  // the only one left
+  CHECK(cache.insert(make_profile(kX, 10, {4}, {2.0}, 0.6), key(2)).inserted);  // its KV key is free again
+  CHECK(cache.erase(a.variant_id));
+  CHECK(cache.contains(kX));
+  CHECK(cache.num_chunks() == 1);
+  for (const VariantEntry& v : cache.entries()) CHECK(cache.erase(v.id));
+  CHECK_FALSE(cache.contains(kX));
+  CHECK(cache.size() == 0);
+}

@@ -172,6 +172,22 @@ class VariantCache {
     return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
   }
 
+  // Removes variant `variant_id` (e.g. its KV left the engine's store); returns whether it was there.
+  bool erase(std::uint64_t variant_id) {
+    for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+      auto& variants = it->second;
+      const auto v = std::find_if(variants.begin(), variants.end(),
+                                  [variant_id](const VariantEntry& e) { return e.id == variant_id; });
+      if (v == variants.end()) continue;
+      kv_keys_.erase(v->kv);
+      variants.erase(v);
+      if (variants.empty()) chunks_.erase(it);
+      --size_;
+      return true;
+    }
+    return false;
+  }
+
   // Every stored variant, by id (insertion order).
   [[nodiscard]] std::vector<VariantEntry> entries() const {
     std::vector<VariantEntry> out;

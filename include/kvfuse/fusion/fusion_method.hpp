@@ -101,6 +101,7 @@ namespace detail {
   const std::size_t at = text.find('@');
   std::string_view name = text.substr(0, at);
   std::string_view setting = at == std::string_view::npos ? std::string_view{} : text.substr(at + 1);
+  detail::require(at == std::string_view::npos || !setting.empty(), "fusion method '{}': no value after '@'", text);
   const auto no_setting = [&] {
     detail::require(at == std::string_view::npos, "fusion method '{}' takes no setting", text);
   };
@@ -120,8 +121,8 @@ namespace detail {
     AttnLink a;
     if (!setting.empty()) {
       const double k = detail::parse_setting(text, setting);
-      detail::require(k >= 0 && k == std::floor(k), "fusion method '{}': k = {} must be a whole number >= 0", text,
-                      setting);
+      detail::require(k >= 0 && k <= 1e9 && k == std::floor(k),
+                      "fusion method '{}': k = {} must be a whole number in [0, 1e9]", text, setting);
       a.config.k = static_cast<std::int64_t>(k);
     }
     a.config.validate();

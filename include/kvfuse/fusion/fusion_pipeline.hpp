@@ -79,12 +79,15 @@ enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3 };
 
 // Online time of one run, split by step; ttft_ms() is their sum.
 struct FusionTimings {
+  double plan_ms = 0.0;           // hash the chunks, look up the store's index and Cache-Craft's variants
   double load_ms = 0.0;           // bring stored chunk KV in (store get, checks, copy into the prompt's KV)
   double shift_ms = 0.0;          // RoPE shift of loaded K to this prompt's positions
   double chunk_compute_ms = 0.0;  // isolated chunk caches recomputed because the store had none usable
   double prefill_ms = 0.0;        // the partial prefill, up to the first token's logits
 
-  [[nodiscard]] double ttft_ms() const noexcept { return load_ms + shift_ms + chunk_compute_ms + prefill_ms; }
+  [[nodiscard]] double ttft_ms() const noexcept {
+    return plan_ms + load_ms + shift_ms + chunk_compute_ms + prefill_ms;
+  }
 };
 
 struct FusionResult {
@@ -123,7 +126,7 @@ class FusionPipeline {
       if (c.range.empty()) continue;
       const auto chunk = slice(tokens, c.range);
       const KVKey key = isolated_key(chunk);
-      if (store_->contains(key)) continue;
+      if (store_->get(key).has_value()) continue;  // a get, not contains: validates it, warms a tiered store
       const LlamaKVCache kv = model_->prefill_chunk(chunk, 0);
       store_->put(key, kv.to_block({0, kv.num_rows()}));
       ++computed;
@@ -179,7 +182,21 @@ class FusionPipeline {
     }
   }
 
-  // Online, no compute: what `method` will do for this prompt given what the store holds now.
+  // Drops the Cache-Craft variants whose KV the store no longer holds (an engine that evicted or lost it), so
+  // that lookups never choose a variant that cannot be loaded. run() calls it first. Returns the number dropped.
+  std::int64_t drop_stale_variants() {
+    std::int64_t dropped = 0;
+    for (const VariantEntry& v : variants_.entries()) {
+      if (store_->contains(v.kv)) continue;
+      variants_.erase(v.id);
+      variant_positions_.erase(v.kv.content);
+      ++dropped;
+    }
+    return dropped;
+  }
+
+  // Online, no compute: what `method` will do for this prompt given what the store holds now (Cache-Craft
+  // variants are assumed to be in the store: see drop_stale_variants).
   [[nodiscard]] FusionPlan plan(std::span<const token_id> tokens, const PromptLayout& layout,
                                 const FusionMethod& method) const {
     check_prompt(tokens, layout, "FusionPipeline::plan");
@@ -191,8 +208,11 @@ class FusionPipeline {
     check_prompt(tokens, layout, "FusionPipeline::run");
     const auto n = static_cast<std::int64_t>(tokens.size());
     const std::int64_t num_layers = model_->config().n_layer;
+    if (std::holds_alternative<CacheCraft>(method)) drop_stale_variants();
     FusionResult out;
+    auto t0 = std::chrono::steady_clock::now();
     out.plan = make_plan(tokens, layout, method, &variants_);
+    out.time.plan_ms = detail::ms_since(t0);
     FusionPlan& plan = out.plan;
 
     // Bring the planned KV in and move it to this prompt's positions.
@@ -205,7 +225,7 @@ class FusionPipeline {
         c.source = ChunkSource::compute;
         continue;
       }
-      auto t0 = std::chrono::steady_clock::now();
+      t0 = std::chrono::steady_clock::now();
       std::optional<KVBlock> block = store_->get(c.key);
       const bool usable = block.has_value() && block->num_tokens == c.range.size() &&
                           block->first_position == c.stored_first_position &&
@@ -240,7 +260,7 @@ class FusionPipeline {
     }
     if (out.rejected_entries > 0) finish_plan(plan, method);  // chunks that became `compute` change S_0
 
-    const auto t0 = std::chrono::steady_clock::now();
+    t0 = std::chrono::steady_clock::now();
     PartialPrefillOptions options;
     SelectionPolicy policy = selection_policy(plan, method, options, out.focus);
     PartialPrefillResult r = model_->partial_prefill(tokens, out.kv, plan.initial, policy, options);
