@@ -319,7 +319,7 @@ TEST_CASE("variant cache: erase removes one variant, its KV key and, with the la
   CHECK(cache.erase(a.variant_id));
   CHECK(cache.contains(kX));
   CHECK(cache.num_chunks() == 1);
-  for (const VariantEntry& v : cache.entries()) CHECK(cache.erase(v.id));
+  for (const kvfuse::VariantEntry& v : cache.entries()) CHECK(cache.erase(v.id));
   CHECK_FALSE(cache.contains(kX));
   CHECK(cache.size() == 0);
 }
