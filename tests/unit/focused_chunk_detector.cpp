@@ -14,24 +14,17 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/select/focused_chunk_detector.hpp"
 
+#include "../support/error_of.hpp"
+
 namespace {
 
 using kvfuse::FocusedChunkConfig;
 using kvfuse::FocusedChunkDetector;
 using Idx = std::vector<std::size_t>;
+using kvfuse_test::error_of;
 
 // -p ln p, written out here independently of the library.
 double ent(double p) { return p > 0.0 ? -p * std::log(p) : 0.0; }
-
-template <class F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const kvfuse::error& e) {
-    return e.what();
-  }
-  return "<no kvfuse::error thrown>";
-}
 
 // 4 chunks, 6 layers, in units of 1/8 of the question's attention mass.
 const std::vector<std::vector<float>> kSeq = {
@@ -98,7 +91,7 @@ TEST_CASE("FocusedChunkDetector: 4 chunks, 6 layers, w = 2 stops at layer 3 with
   CHECK(dec.recomputes(3, 5));
 
   // Algorithm 1 breaks at line 13: later layers are not observed.
-  const std::string msg = error_message([&] { d.observe(3, kSeq[3]); });
+  const std::string msg = error_of([&] { d.observe(3, kSeq[3]); });
   CHECK(msg.find("layer 3") != std::string::npos);
   CHECK(msg.find("L* = 3") != std::string::npos);
 }
@@ -308,9 +301,9 @@ TEST_CASE("FocusedChunkDetector: a clear 3-of-10 focus (chunks 2, 5, 7) is found
 
 TEST_CASE("FocusedChunkDetector: bad config and bad input throw kvfuse::error naming the value") {
   CHECK_THROWS_AS(FocusedChunkDetector(4, 6, FocusedChunkConfig{0}), kvfuse::error);
-  CHECK(error_message([] { FocusedChunkConfig{0}.validate(); }).find("window = 0") != std::string::npos);
-  CHECK(error_message([] { FocusedChunkDetector(0, 6); }).find("num_chunks = 0") != std::string::npos);
-  CHECK(error_message([] { FocusedChunkDetector(4, 0); }).find("num_layers = 0") != std::string::npos);
+  CHECK(error_of([] { FocusedChunkConfig{0}.validate(); }).find("window = 0") != std::string::npos);
+  CHECK(error_of([] { FocusedChunkDetector(0, 6); }).find("num_chunks = 0") != std::string::npos);
+  CHECK(error_of([] { FocusedChunkDetector(4, 0); }).find("num_layers = 0") != std::string::npos);
 
   FocusedChunkDetector d(3, 4, FocusedChunkConfig{2});
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -321,16 +314,16 @@ TEST_CASE("FocusedChunkDetector: bad config and bad input throw kvfuse::error na
   const std::vector<float> too_short = {0.1f, 0.2f};
   const std::vector<float> ok = {0.5f, 0.25f, 0.25f};
 
-  std::string msg = error_message([&] { d.observe(0, with_nan); });
+  std::string msg = error_of([&] { d.observe(0, with_nan); });
   CHECK(msg.find("nan") != std::string::npos);
   CHECK(msg.find("chunk 1") != std::string::npos);
-  msg = error_message([&] { d.observe(0, with_negative); });
+  msg = error_of([&] { d.observe(0, with_negative); });
   CHECK(msg.find("-0.5") != std::string::npos);
   CHECK(msg.find("chunk 2") != std::string::npos);
-  CHECK(error_message([&] { d.observe(0, with_inf); }).find("inf") != std::string::npos);
-  CHECK(error_message([&] { d.observe(0, too_short); }).find("2 attention values") != std::string::npos);
-  CHECK(error_message([&] { d.observe(1, ok); }).find("layer 1 observed out of order") != std::string::npos);
-  CHECK(error_message([&] { (void)d.decision(); }).find("after 0 of 4 layers") != std::string::npos);
+  CHECK(error_of([&] { d.observe(0, with_inf); }).find("inf") != std::string::npos);
+  CHECK(error_of([&] { d.observe(0, too_short); }).find("2 attention values") != std::string::npos);
+  CHECK(error_of([&] { d.observe(1, ok); }).find("layer 1 observed out of order") != std::string::npos);
+  CHECK(error_of([&] { (void)d.decision(); }).find("after 0 of 4 layers") != std::string::npos);
 
   // Rejected input left no trace: the detector still works from layer 0.
   CHECK(d.layers_observed() == 0);

@@ -155,16 +155,6 @@ enum class ChunkSource {
   compute,   // no usable cache: every token of the chunk is recomputed on every layer
 };
 
-[[nodiscard]] inline std::string_view source_name(ChunkSource s) {
-  switch (s) {
-    case ChunkSource::isolated: return "isolated";
-    case ChunkSource::prefix: return "prefix";
-    case ChunkSource::variant: return "variant";
-    case ChunkSource::compute: return "compute";
-  }
-  return "?";
-}
-
 struct ChunkPlan {
   TokenRange range;                    // the chunk's rows in this prompt
   ChunkSource source = ChunkSource::compute;
