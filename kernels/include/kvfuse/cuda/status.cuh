@@ -1,34 +1,27 @@
 #pragma once
-// kvfuse::cuda::Status — what every kvfuse kernel launcher returns. Kernels and launchers never throw
-// (engines call them from code that must not unwind through CUDA streams); bad arguments and
-// unsupported settings are refused with a status before anything is launched.
+// kvfuse::cuda::Status — kvfuse::Status (core/status.hpp), what every kvfuse kernel launcher returns,
+// plus the mapping from the CUDA runtime's error codes. Launchers never throw; a refusal names the bad
+// value in kvfuse::last_status_message().
 //
 // Host-only: includes the CUDA runtime API, not device code, so plain C++ translation units may use it.
 
 #include <cuda_runtime_api.h>
 
+#include "kvfuse/core/status.hpp"
+
 namespace kvfuse::cuda {
 
-enum class Status : int {
-  success = 0,
-  invalid_argument,  // a size, stride, pointer or index is out of range
-  unsupported,       // a valid but unsupported setting (dtype, head_dim, scaling, layout)
-  cuda_error,        // the CUDA runtime reported an error at launch (see cudaGetLastError)
-};
+using kvfuse::last_status_message;
+using kvfuse::Status;
+using kvfuse::status_string;
 
-[[nodiscard]] inline const char* status_string(Status s) noexcept {
-  switch (s) {
-    case Status::success: return "success";
-    case Status::invalid_argument: return "invalid argument";
-    case Status::unsupported: return "unsupported configuration";
-    case Status::cuda_error: return "CUDA runtime error";
-  }
-  return "unknown kvfuse::cuda::Status";
+// Status of a CUDA runtime call; an error is recorded as "<what>: <CUDA's error string>".
+[[nodiscard]] inline Status from_cuda(cudaError_t e, const char* what = "CUDA runtime") noexcept {
+  if (e == cudaSuccess) return Status::success;
+  return refuse(Status::cuda_error, "%s: %s", what, cudaGetErrorString(e));
 }
 
-// Status of a launch from the CUDA runtime's error code.
-[[nodiscard]] inline Status from_cuda(cudaError_t e) noexcept {
-  return e == cudaSuccess ? Status::success : Status::cuda_error;
-}
+// Status of the launch just made (cudaGetLastError), for launchers to return.
+[[nodiscard]] inline Status launch_status(const char* kernel) noexcept { return from_cuda(cudaGetLastError(), kernel); }
 
 }  // namespace kvfuse::cuda
