@@ -20,6 +20,7 @@
 #include <span>
 
 #include "kvfuse/core/config.hpp"
+#include "kvfuse/core/dtype.hpp"
 #if !defined(__CUDACC__)
 #include "kvfuse/core/error.hpp"
 #endif
@@ -35,6 +36,20 @@ KVFUSE_HOST_DEVICE float kv_row_deviation(const float* recomputed_row, const flo
   const std::int64_t width = num_heads * head_dim;
   for (std::int64_t e = 0; e < width; ++e) {
     const float d = recomputed_row[e] - cached_row[e];
+    sum += d * d;
+  }
+  return sum;
+}
+
+// sum + sum_{e < count} (recomputed[e] - cached[e])^2: the deviation of `count` consecutive values of one
+// head added to a running fp32 sum, in order. T is the storage type (float, f16 or bf16), widened exactly to
+// fp32 before the subtraction. Summing the heads of a token in order from 0 gives kv_row_deviation bit for
+// bit on fp32 rows whose heads are contiguous.
+template <class T>
+KVFUSE_HOST_DEVICE float kv_accumulate_deviation(float sum, const T* recomputed, const T* cached,
+                                                 std::int64_t count) {
+  for (std::int64_t e = 0; e < count; ++e) {
+    const float d = to_float(recomputed[e]) - to_float(cached[e]);
     sum += d * d;
   }
   return sum;

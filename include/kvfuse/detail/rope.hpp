@@ -126,4 +126,74 @@ KVFUSE_HOST_DEVICE void rope_shift(float* x, const RopeParams& p, std::int64_t f
   rope_rotate(x, p, static_cast<double>(to - from));
 }
 
+// ---------------------------------------------------------------------------------------------------
+// fp32-angle RoPE: the element math of the CUDA kernels (kernels/include/kvfuse/cuda/rope.cuh) and of
+// their CPU references (include/kvfuse/ref/rope.hpp). The functions above keep double angles for the CPU
+// Llama backend; these evaluate everything in float, yet stay accurate at any position below 2^24:
+//
+//   θ_f    the frequency θ_i rounded to float ONCE on the host (ref::rope_frequencies), the value an
+//          engine's inv_freq buffer holds;
+//   p·θ_f  evaluated exactly as hi + lo: p is an integer with |p| < 2^24, exact in float, and
+//          lo = fma(p, θ_f, −hi) is the exact rounding error of hi = p·θ_f;
+//   reduction mod 2π by Cody–Waite with 2π = C1 + C2: k = rint(hi / 2π), hi − k·C1 is exact (fma, and
+//          the difference fits in 24 bits), so r = (hi − k·C1 − k·C2) + lo is p·θ_f mod 2π within
+//          ~2.4e-7 rad for every |p| < 2^24 (a naive float(p)·θ_f at p = 131072 is off by up to 0.008 rad);
+//   sin / cos of |r| ≲ π in float: sincosf on the device (≤ 2 ulp, not __sincosf), sinf / cosf on the host.
+//
+// So rotating by p·θ_f and then by Δ·θ_f equals rotating by (p + Δ)·θ_f to float rounding at 128K tokens,
+// and the inverse (angle −p) is exactly the transposed rotation: the reduction is odd in p.
+// The rotation itself uses explicit fmas, so host and device round it identically; only sinf / cosf
+// versus the device sincosf may differ by an ulp.
+
+// Largest |position| (and |new − old| of a shift) for which the float angle above is exact: 2^24 − 1.
+inline constexpr std::int32_t rope_max_position = (1 << 24) - 1;
+
+namespace rope_f32 {
+
+KVFUSE_HOST_DEVICE float fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+KVFUSE_HOST_DEVICE float rint(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::rint(x);
+#endif
+}
+
+}  // namespace rope_f32
+
+// cos / sin of the angle position · theta (theta a float frequency θ_f), with the exact product and the
+// Cody–Waite reduction described above. |position| <= rope_max_position.
+KVFUSE_HOST_DEVICE void rope_cos_sin_f32(std::int32_t position, float theta, float& cos_out, float& sin_out) {
+  constexpr float two_pi_hi = 6.28318548202514648438f;       // float(2π)
+  constexpr float two_pi_lo = -1.74845553146951715e-07f;     // float(2π − float(2π))
+  constexpr float inv_two_pi = 0.159154943091895335769f;     // float(1 / 2π)
+  const float p = static_cast<float>(position);
+  const float hi = p * theta;
+  const float lo = rope_f32::fma(p, theta, -hi);
+  const float k = rope_f32::rint(hi * inv_two_pi);
+  const float r = rope_f32::fma(-k, two_pi_lo, rope_f32::fma(-k, two_pi_hi, hi)) + lo;
+#if defined(__CUDA_ARCH__)
+  sincosf(r, &sin_out, &cos_out);
+#else
+  cos_out = std::cos(r);
+  sin_out = std::sin(r);
+#endif
+}
+
+// (a, b) -> (a cos − b sin, a sin + b cos) with explicit fmas: the same float result on host and device
+// whatever the compiler's contraction setting.
+KVFUSE_HOST_DEVICE void rope_rotate_pair_f32(float& a, float& b, float cos_phi, float sin_phi) {
+  const float x = a;
+  const float y = b;
+  a = rope_f32::fma(x, cos_phi, -(y * sin_phi));
+  b = rope_f32::fma(x, sin_phi, y * cos_phi);
+}
+
 }  // namespace kvfuse::detail

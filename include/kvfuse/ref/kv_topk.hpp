@@ -1,0 +1,194 @@
+#pragma once
+// KV deviation and deterministic top-k: the arguments shared by the CUDA launchers
+// (kernels/include/kvfuse/cuda/kv_topk.cuh) and the CPU references below, their validation, and the
+// references themselves. CacheBlend section 4.1 ("KV deviation") scores every token by the squared L2
+// distance between its recomputed and its cached K (or V) on one layer; section 4.3 keeps the r * N tokens
+// of highest deviation (HKVD tokens), ties to the lower position.
+//
+// Layouts. K (or V) of one layer, storage f32, f16 or bf16 (both tensors the same dtype), sizes and strides
+// in elements: element e of head h of token t is at  base + t * token_stride + h * head_stride + e  with the
+// head_dim values of a head contiguous. NHD ([tokens, heads, dim]): token_stride = heads * dim,
+// head_stride = dim; HND ([heads, tokens, dim]): token_stride = dim, head_stride = tokens * dim. The
+// recomputed and the cached tensor have their own strides. Token t of the recomputed tensor is compared with
+// row cached_rows[t] of the cached tensor when cached_rows is given (e.g. a compact [S, H, d] buffer of the
+// selected tokens against the prompt's [N, H, d] buffer), else with row t.
+//
+// Top-k. Scores (fp32, e.g. the deviations) of num_items candidates; the result is the indices of the k
+// candidates that rank first -- higher score, equal scores to the lower index -- in ascending order. With
+// candidates sorted by position (as HKVDSelector's token sets are), "lower index" is "lower position". NaN
+// scores rank above +inf (detail/topk.hpp). top_k_count(r, n) gives the k HKVDSelector keeps.
+//
+// fmt-free: CUDA translation units include it. The references never throw; like the launchers they return a
+// kvfuse::Status and name the bad value in kvfuse::last_status_message().
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kvfuse/core/dtype.hpp"
+#include "kvfuse/core/status.hpp"
+#include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/detail/topk.hpp"
+
+namespace kvfuse {
+
+// dev[t] = sum_h sum_e (recomputed - cached)^2 over K or V of one layer (CacheBlend section 4.1).
+struct KVDeviationArgs {
+  const void* recomputed = nullptr;  // token t at recomputed + t * recomputed_token_stride
+  const void* cached = nullptr;      // row r at cached + r * cached_token_stride
+  float* deviation = nullptr;        // [num_tokens] output, fp32
+  DType dtype = DType::bf16;         // storage of both tensors
+  std::int64_t num_tokens = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t recomputed_token_stride = 0;
+  std::int64_t recomputed_head_stride = 0;
+  std::int64_t cached_token_stride = 0;
+  std::int64_t cached_head_stride = 0;
+  // Optional [num_tokens] row of the cached tensor each token is compared with; nullptr: row t. Entries must
+  // lie in [0, num_cached_rows): the CPU reference checks them, the GPU kernel trusts them.
+  const std::int32_t* cached_rows = nullptr;
+  std::int64_t num_cached_rows = 0;
+};
+
+// The k candidates of highest score (ties to the lower index), written as ascending indices.
+struct TopKArgs {
+  const float* scores = nullptr;    // [num_items]
+  std::int32_t* indices = nullptr;  // [k] output, ascending
+  std::int64_t num_items = 0;       // at most 2^31 - 1
+  std::int64_t k = 0;               // 0 <= k <= num_items
+};
+
+// The number of tokens a ratio keeps, rounded as HKVDSelector::budget does (select/hkvd_selector.hpp:
+// floor(r * n + 0.5), the nearest integer, halves up), so a GPU selection keeps exactly as many tokens as the
+// host selector. Ratios outside [0, 1] are clamped; NaN gives 0.
+[[nodiscard]] inline std::int64_t top_k_count(double ratio, std::int64_t n) noexcept {
+  if (n <= 0 || !(ratio > 0.0)) return 0;
+  if (ratio >= 1.0) return n;
+  const auto k = static_cast<std::int64_t>(std::floor(ratio * static_cast<double>(n) + 0.5));
+  return k > n ? n : k;
+}
+
+namespace detail {
+inline bool kv_topk_dtype_known(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+}  // namespace detail
+
+[[nodiscard]] inline Status validate(const KVDeviationArgs& a) noexcept {
+  if (!detail::kv_topk_dtype_known(a.dtype))
+    return refuse(Status::unsupported, "kv_deviation: dtype %d is not f32, f16 or bf16", static_cast<int>(a.dtype));
+  if (a.num_tokens < 0 || a.num_tokens > std::numeric_limits<std::int32_t>::max())
+    return refuse(Status::invalid_argument, "kv_deviation: num_tokens %lld is not in [0, 2^31)",
+                  static_cast<long long>(a.num_tokens));
+  if (a.num_heads < 1)
+    return refuse(Status::invalid_argument, "kv_deviation: num_heads %lld must be at least 1",
+                  static_cast<long long>(a.num_heads));
+  if (a.head_dim < 1)
+    return refuse(Status::invalid_argument, "kv_deviation: head_dim %lld must be at least 1",
+                  static_cast<long long>(a.head_dim));
+  if (a.head_dim > std::numeric_limits<std::int32_t>::max() / a.num_heads)
+    return refuse(Status::invalid_argument, "kv_deviation: num_heads * head_dim = %lld * %lld exceeds 2^31",
+                  static_cast<long long>(a.num_heads), static_cast<long long>(a.head_dim));
+  if (a.recomputed_token_stride < 0 || a.recomputed_head_stride < 0)
+    return refuse(Status::invalid_argument, "kv_deviation: recomputed strides (token %lld, head %lld) are negative",
+                  static_cast<long long>(a.recomputed_token_stride), static_cast<long long>(a.recomputed_head_stride));
+  if (a.cached_token_stride < 0 || a.cached_head_stride < 0)
+    return refuse(Status::invalid_argument, "kv_deviation: cached strides (token %lld, head %lld) are negative",
+                  static_cast<long long>(a.cached_token_stride), static_cast<long long>(a.cached_head_stride));
+  if (a.num_tokens > 0 && (a.recomputed == nullptr || a.cached == nullptr || a.deviation == nullptr))
+    return refuse(Status::invalid_argument, "kv_deviation: a null pointer (recomputed %p, cached %p, deviation %p)",
+                  a.recomputed, a.cached, static_cast<const void*>(a.deviation));
+  if (a.cached_rows != nullptr && a.num_cached_rows < 1)
+    return refuse(Status::invalid_argument, "kv_deviation: cached_rows given but num_cached_rows is %lld",
+                  static_cast<long long>(a.num_cached_rows));
+  return Status::success;
+}
+
+[[nodiscard]] inline Status validate(const TopKArgs& a) noexcept {
+  if (a.num_items < 0 || a.num_items > detail::top_k_max_items)
+    return refuse(Status::invalid_argument, "top_k_tokens: num_items %lld is not in [0, 2^31)",
+                  static_cast<long long>(a.num_items));
+  if (a.k < 0 || a.k > a.num_items)
+    return refuse(Status::invalid_argument, "top_k_tokens: k %lld is not in [0, num_items = %lld]",
+                  static_cast<long long>(a.k), static_cast<long long>(a.num_items));
+  if (a.k > 0 && (a.scores == nullptr || a.indices == nullptr))
+    return refuse(Status::invalid_argument, "top_k_tokens: a null pointer (scores %p, indices %p) with k = %lld",
+                  static_cast<const void*>(a.scores), static_cast<const void*>(a.indices), static_cast<long long>(a.k));
+  return Status::success;
+}
+
+namespace ref {
+
+namespace kv_topk_detail {
+
+template <class T>
+void kv_deviation_rows(const KVDeviationArgs& a) noexcept {
+  const auto* recomputed = static_cast<const T*>(a.recomputed);
+  const auto* cached = static_cast<const T*>(a.cached);
+  for (std::int64_t t = 0; t < a.num_tokens; ++t) {
+    const std::int64_t row = a.cached_rows != nullptr ? a.cached_rows[t] : t;
+    float sum = 0.0f;
+    for (std::int64_t h = 0; h < a.num_heads; ++h) {
+      sum = kvfuse::detail::kv_accumulate_deviation(
+          sum, recomputed + t * a.recomputed_token_stride + h * a.recomputed_head_stride,
+          cached + row * a.cached_token_stride + h * a.cached_head_stride, a.head_dim);
+    }
+    a.deviation[t] = sum;
+  }
+}
+
+}  // namespace kv_topk_detail
+
+// CPU reference of kvfuse::cuda::kv_deviation: deviation[t] = sum over heads (0 up) of the in-order fp32
+// sums of kvfuse::detail::kv_accumulate_deviation -- bit for bit detail::kv_row_deviation on contiguous fp32
+// rows. Refuses (writing nothing) a cached_rows entry outside [0, num_cached_rows).
+[[nodiscard]] inline Status kv_deviation(const KVDeviationArgs& a) noexcept {
+  if (const Status s = validate(a); s != Status::success) return s;
+  if (a.cached_rows != nullptr) {
+    for (std::int64_t t = 0; t < a.num_tokens; ++t) {
+      if (a.cached_rows[t] < 0 || a.cached_rows[t] >= a.num_cached_rows)
+        return refuse(Status::invalid_argument, "kv_deviation: cached_rows[%lld] = %d is not in [0, %lld)",
+                      static_cast<long long>(t), a.cached_rows[t], static_cast<long long>(a.num_cached_rows));
+    }
+  }
+  switch (a.dtype) {
+    case DType::f32:
+      kv_topk_detail::kv_deviation_rows<float>(a);
+      break;
+    case DType::f16:
+      kv_topk_detail::kv_deviation_rows<f16>(a);
+      break;
+    case DType::bf16:
+      kv_topk_detail::kv_deviation_rows<bf16>(a);
+      break;
+  }
+  return Status::success;
+}
+
+// CPU reference of kvfuse::cuda::top_k_tokens, by the same radix select the kernel runs (detail/topk.hpp):
+// per pass a histogram of the digit over the keys matching the prefix found so far, then
+// radix_select_step; finally every key >= the prefix, in index order. O(6 * num_items), no allocation.
+[[nodiscard]] inline Status top_k_tokens(const TopKArgs& a) noexcept {
+  if (const Status s = validate(a); s != Status::success) return s;
+  if (a.k == 0) return Status::success;
+  std::uint64_t prefix = 0;
+  auto remaining = static_cast<std::uint32_t>(a.k);
+  std::uint32_t hist[kvfuse::detail::radix_max_bins];
+  for (int pass = 0; pass < kvfuse::detail::radix_passes; ++pass) {
+    const int bins = 1 << kvfuse::detail::radix_pass_bits(pass);
+    for (int b = 0; b < bins; ++b) hist[b] = 0;
+    const std::uint64_t mask = kvfuse::detail::radix_prefix_mask(pass);
+    for (std::int64_t i = 0; i < a.num_items; ++i) {
+      const std::uint64_t key = kvfuse::detail::top_k_key(a.scores[i], i);
+      if ((key & mask) == prefix) ++hist[kvfuse::detail::radix_digit(key, pass)];
+    }
+    if (kvfuse::detail::radix_select_step(hist, pass, prefix, remaining)) break;
+  }
+  std::int64_t out = 0;
+  for (std::int64_t i = 0; i < a.num_items && out < a.k; ++i) {
+    if (kvfuse::detail::top_k_key(a.scores[i], i) >= prefix) a.indices[out++] = static_cast<std::int32_t>(i);
+  }
+  return Status::success;
+}
+
+}  // namespace ref
+}  // namespace kvfuse

@@ -1,0 +1,272 @@
+#pragma once
+// Sparse-query attention with an exact positional causal mask: the arguments shared by the CUDA launcher
+// kvfuse::cuda::sparse_attention (kernels/include/kvfuse/cuda/sparse_attention.cuh) and its CPU reference
+// kvfuse::ref::sparse_attention, and their common validation.
+//
+// A prompt of N tokens has keys and values K, V [N, Hkv, d] and int32 positions pos_k[N] (non-decreasing
+// along the key index, as in any prompt). S selected query tokens have Q [S, Hq, d] and positions pos_q[S].
+// Query i sees key j iff pos_k[j] <= pos_q[i] (exact, by position). Query head h reads KV head
+// h / (Hq / Hkv) (GQA). Outputs: O [S, Hq, d] in the storage dtype of the inputs (fp32 accumulation,
+// one rounding at the end) and LSE [S, Hq] fp32 (natural log); a query that sees no key gets O = 0 and
+// LSE = −inf. Optional epilogue: with chunk boundaries chunk_starts[0..C] (key indices), the attention
+// mass mass[S, C] = Σ_h Σ_{j ∈ [chunk_starts[c], chunk_starts[c+1]), visible} softmax_hij (Cache-Craft
+// eq. 3–4 weights summed over heads, what its inter/intra statistics and eq. 15 focused-chunk detection
+// consume).
+//
+// Layouts: every tensor is [tokens, heads, d] with the d elements of a head contiguous and a token stride
+// and a head stride in elements; 0 means packed NHD (token stride H·d, head stride d). HND
+// ([heads, tokens, d]) is token stride d, head stride N·d. LSE is packed [S, Hq], mass packed [S, C].
+//
+// fmt-free: CUDA translation units include it. validate() reads no pointed-to data (the launcher's pointers
+// are device pointers); the CPU reference also checks the data it can read (validate_host_data).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kvfuse/core/dtype.hpp"
+#include "kvfuse/core/status.hpp"
+#include "kvfuse/detail/attention.hpp"
+
+namespace kvfuse {
+
+struct SparseAttentionArgs {
+  DType dtype = DType::bf16;      // storage of Q, K, V and O
+  std::int64_t num_queries = 0;   // S: selected query tokens
+  std::int64_t num_keys = 0;      // N: prompt tokens (keys and values)
+  std::int64_t num_q_heads = 0;   // Hq
+  std::int64_t num_kv_heads = 0;  // Hkv; Hq % Hkv == 0
+  std::int64_t head_dim = 0;      // d
+  float scale = 0.0f;             // softmax scale; 0 selects 1 / sqrt(d)
+
+  const void* q = nullptr;  // [S, Hq, d]
+  std::int64_t q_token_stride = 0;
+  std::int64_t q_head_stride = 0;
+  const void* k = nullptr;  // [N, Hkv, d]
+  std::int64_t k_token_stride = 0;
+  std::int64_t k_head_stride = 0;
+  const void* v = nullptr;  // [N, Hkv, d]
+  std::int64_t v_token_stride = 0;
+  std::int64_t v_head_stride = 0;
+  const std::int32_t* q_pos = nullptr;  // [S]; sorted non-decreasing for speed (each tile stops early)
+  const std::int32_t* k_pos = nullptr;  // [N]; non-decreasing (required)
+
+  void* o = nullptr;  // [S, Hq, d], storage dtype
+  std::int64_t o_token_stride = 0;
+  std::int64_t o_head_stride = 0;
+  float* lse = nullptr;  // [S, Hq] fp32, natural log
+
+  // Optional epilogue, enabled when num_chunks > 0.
+  std::int64_t num_chunks = 0;                 // C
+  const std::int64_t* chunk_starts = nullptr;  // [C + 1] key indices, non-decreasing, within [0, N]
+  float* mass = nullptr;                       // [S, C] fp32, overwritten
+
+  // Optional scratch of the CUDA launcher (kvfuse::cuda::sparse_attention_workspace_bytes): with it, few
+  // selected queries split their KV loops over more blocks. Not read by the CPU reference.
+  void* workspace = nullptr;
+  std::int64_t workspace_bytes = 0;
+};
+
+namespace detail {
+
+// A stride argument with 0 resolved to the packed NHD value.
+inline std::int64_t attention_stride(std::int64_t given, std::int64_t packed) { return given != 0 ? given : packed; }
+
+}  // namespace detail
+
+// The arguments with every 0 stride replaced by its packed NHD value and scale 0 by 1 / sqrt(d).
+[[nodiscard]] inline SparseAttentionArgs resolved(const SparseAttentionArgs& a) noexcept {
+  SparseAttentionArgs r = a;
+  const std::int64_t d = a.head_dim;
+  r.q_token_stride = detail::attention_stride(a.q_token_stride, a.num_q_heads * d);
+  r.q_head_stride = detail::attention_stride(a.q_head_stride, d);
+  r.k_token_stride = detail::attention_stride(a.k_token_stride, a.num_kv_heads * d);
+  r.k_head_stride = detail::attention_stride(a.k_head_stride, d);
+  r.v_token_stride = detail::attention_stride(a.v_token_stride, a.num_kv_heads * d);
+  r.v_head_stride = detail::attention_stride(a.v_head_stride, d);
+  r.o_token_stride = detail::attention_stride(a.o_token_stride, a.num_q_heads * d);
+  r.o_head_stride = detail::attention_stride(a.o_head_stride, d);
+  if (a.scale == 0.0f && d > 0) r.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  return r;
+}
+
+// Checks sizes, strides, pointers and the scale without reading any pointed-to data. Returns
+// Status::success or refuses with invalid_argument and a message naming the bad value.
+[[nodiscard]] inline Status validate(const SparseAttentionArgs& a) noexcept {
+  constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
+  if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
+    return refuse(Status::invalid_argument, "sparse_attention: dtype %d is not f32, f16 or bf16",
+                  static_cast<int>(a.dtype));
+  if (a.num_queries < 0 || a.num_queries > int32_max)
+    return refuse(Status::invalid_argument, "sparse_attention: num_queries %lld is outside [0, 2^31)",
+                  static_cast<long long>(a.num_queries));
+  if (a.num_keys < 0 || a.num_keys > int32_max)
+    return refuse(Status::invalid_argument, "sparse_attention: num_keys %lld is outside [0, 2^31)",
+                  static_cast<long long>(a.num_keys));
+  if (a.num_q_heads <= 0 || a.num_kv_heads <= 0)
+    return refuse(Status::invalid_argument, "sparse_attention: num_q_heads %lld and num_kv_heads %lld must be > 0",
+                  static_cast<long long>(a.num_q_heads), static_cast<long long>(a.num_kv_heads));
+  if (a.num_q_heads % a.num_kv_heads != 0)
+    return refuse(Status::invalid_argument,
+                  "sparse_attention: num_q_heads %lld is not a multiple of num_kv_heads %lld",
+                  static_cast<long long>(a.num_q_heads), static_cast<long long>(a.num_kv_heads));
+  if (a.head_dim <= 0)
+    return refuse(Status::invalid_argument, "sparse_attention: head_dim %lld must be > 0",
+                  static_cast<long long>(a.head_dim));
+  if (!std::isfinite(a.scale))
+    return refuse(Status::invalid_argument, "sparse_attention: scale %g is not finite", static_cast<double>(a.scale));
+  const SparseAttentionArgs r = resolved(a);
+  const struct {
+    const char* name;
+    std::int64_t value;
+  } strides[] = {{"q_token_stride", r.q_token_stride}, {"q_head_stride", r.q_head_stride},
+                 {"k_token_stride", r.k_token_stride}, {"k_head_stride", r.k_head_stride},
+                 {"v_token_stride", r.v_token_stride}, {"v_head_stride", r.v_head_stride},
+                 {"o_token_stride", r.o_token_stride}, {"o_head_stride", r.o_head_stride}};
+  for (const auto& s : strides)
+    if (s.value < 0)
+      return refuse(Status::invalid_argument, "sparse_attention: %s %lld is negative", s.name,
+                    static_cast<long long>(s.value));
+  if (a.num_queries > 0 && (a.q == nullptr || a.q_pos == nullptr || a.o == nullptr || a.lse == nullptr))
+    return refuse(Status::invalid_argument,
+                  "sparse_attention: %lld queries but q, q_pos, o or lse is null (q %p, q_pos %p, o %p, lse %p)",
+                  static_cast<long long>(a.num_queries), a.q, static_cast<const void*>(a.q_pos), a.o,
+                  static_cast<const void*>(a.lse));
+  if (a.num_keys > 0 && (a.k == nullptr || a.v == nullptr || a.k_pos == nullptr))
+    return refuse(Status::invalid_argument, "sparse_attention: %lld keys but k, v or k_pos is null (k %p, v %p, k_pos %p)",
+                  static_cast<long long>(a.num_keys), a.k, a.v, static_cast<const void*>(a.k_pos));
+  if (a.num_chunks < 0 || a.num_chunks > int32_max)
+    return refuse(Status::invalid_argument, "sparse_attention: num_chunks %lld is outside [0, 2^31)",
+                  static_cast<long long>(a.num_chunks));
+  if (a.num_chunks > 0 && (a.chunk_starts == nullptr || (a.num_queries > 0 && a.mass == nullptr)))
+    return refuse(Status::invalid_argument, "sparse_attention: %lld chunks but chunk_starts %p or mass %p is null",
+                  static_cast<long long>(a.num_chunks), static_cast<const void*>(a.chunk_starts),
+                  static_cast<const void*>(a.mass));
+  if (a.workspace_bytes < 0)
+    return refuse(Status::invalid_argument, "sparse_attention: workspace_bytes %lld is negative",
+                  static_cast<long long>(a.workspace_bytes));
+  return Status::success;
+}
+
+// Checks the data validate() cannot read, on host pointers: key positions non-decreasing; chunk_starts
+// non-decreasing within [0, N]. (Query positions need no order for correctness; sorted queries make the
+// kernel's tiles stop early.)
+[[nodiscard]] inline Status validate_host_data(const SparseAttentionArgs& a) noexcept {
+  for (std::int64_t j = 1; j < a.num_keys; ++j)
+    if (a.k_pos[j] < a.k_pos[j - 1])
+      return refuse(Status::invalid_argument,
+                    "sparse_attention: key positions decrease at index %lld (k_pos[%lld] = %d > k_pos[%lld] = %d)",
+                    static_cast<long long>(j), static_cast<long long>(j - 1), a.k_pos[j - 1],
+                    static_cast<long long>(j), a.k_pos[j]);
+  for (std::int64_t c = 0; c <= a.num_chunks && a.num_chunks > 0; ++c) {
+    const std::int64_t s = a.chunk_starts[c];
+    if (s < 0 || s > a.num_keys || (c > 0 && s < a.chunk_starts[c - 1]))
+      return refuse(Status::invalid_argument,
+                    "sparse_attention: chunk_starts[%lld] = %lld is not in [chunk_starts[c-1], num_keys = %lld]",
+                    static_cast<long long>(c), static_cast<long long>(s), static_cast<long long>(a.num_keys));
+  }
+  return Status::success;
+}
+
+namespace ref {
+
+namespace attention_detail {
+
+template <class T>
+float load(const void* base, std::int64_t offset) {
+  return to_float(static_cast<const T*>(base)[offset]);
+}
+
+template <class T>
+void sparse_attention_typed(const SparseAttentionArgs& a) {
+  using kvfuse::detail::attention_lse;
+  using kvfuse::detail::attention_output_scale;
+  using kvfuse::detail::attention_probability;
+  using kvfuse::detail::attention_visible;
+  using kvfuse::detail::softmax_advance;
+  using kvfuse::detail::softmax_weight;
+  constexpr std::int64_t block = 64;  // keys per online-softmax step
+  const std::int64_t d = a.head_dim;
+  const std::int64_t group = a.num_q_heads / a.num_kv_heads;
+  const float factor = kvfuse::detail::attention_score_factor(a.scale);
+  const auto nq = static_cast<std::size_t>(a.num_queries);
+  const auto nc = static_cast<std::size_t>(a.num_chunks);
+  if (nc > 0) std::fill(a.mass, a.mass + nq * nc, 0.0f);
+  std::vector<float> q(static_cast<std::size_t>(d));
+  std::vector<float> acc(static_cast<std::size_t>(d));
+  std::vector<float> scores(static_cast<std::size_t>(a.num_keys));
+  for (std::int64_t i = 0; i < a.num_queries; ++i) {
+    for (std::int64_t h = 0; h < a.num_q_heads; ++h) {
+      const std::int64_t kvh = h / group;
+      for (std::int64_t e = 0; e < d; ++e)
+        q[static_cast<std::size_t>(e)] = load<T>(a.q, i * a.q_token_stride + h * a.q_head_stride + e);
+      // Base-2 scores, −inf where masked.
+      for (std::int64_t j = 0; j < a.num_keys; ++j) {
+        float s = kvfuse::detail::attention_neg_inf();
+        if (attention_visible(a.k_pos[j], a.q_pos[i])) {
+          float dot = 0.0f;
+          const std::int64_t kb = j * a.k_token_stride + kvh * a.k_head_stride;
+          for (std::int64_t e = 0; e < d; ++e) dot += q[static_cast<std::size_t>(e)] * load<T>(a.k, kb + e);
+          s = dot * factor;
+        }
+        scores[static_cast<std::size_t>(j)] = s;
+      }
+      float m = kvfuse::detail::attention_neg_inf();
+      float l = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (std::int64_t j0 = 0; j0 < a.num_keys; j0 += block) {
+        const std::int64_t j1 = std::min(a.num_keys, j0 + block);
+        float block_max = kvfuse::detail::attention_neg_inf();
+        for (std::int64_t j = j0; j < j1; ++j) block_max = std::max(block_max, scores[static_cast<std::size_t>(j)]);
+        const float alpha = softmax_advance(m, block_max);
+        l *= alpha;
+        for (auto& x : acc) x *= alpha;
+        for (std::int64_t j = j0; j < j1; ++j) {
+          const float p = softmax_weight(scores[static_cast<std::size_t>(j)], m);
+          if (p == 0.0f) continue;  // masked (or underflowed): contributes nothing, whatever V holds
+          l += p;
+          const std::int64_t vb = j * a.v_token_stride + kvh * a.v_head_stride;
+          for (std::int64_t e = 0; e < d; ++e) acc[static_cast<std::size_t>(e)] += p * load<T>(a.v, vb + e);
+        }
+      }
+      const float inv = attention_output_scale(l);
+      const float lse = attention_lse(m, l);
+      T* o = static_cast<T*>(a.o) + i * a.o_token_stride + h * a.o_head_stride;
+      for (std::int64_t e = 0; e < d; ++e) o[e] = from_float<T>(acc[static_cast<std::size_t>(e)] * inv);
+      a.lse[i * a.num_q_heads + h] = lse;
+      if (nc == 0) continue;
+      float* mass = a.mass + static_cast<std::size_t>(i) * nc;
+      for (std::size_t c = 0; c < nc; ++c)
+        for (std::int64_t j = a.chunk_starts[c]; j < a.chunk_starts[c + 1]; ++j)
+          mass[c] += attention_probability(scores[static_cast<std::size_t>(j)], lse);
+    }
+  }
+}
+
+}  // namespace attention_detail
+
+// CPU reference of kvfuse::cuda::sparse_attention on host pointers: fp32 dot products and accumulation,
+// the online softmax of kvfuse/detail/attention.hpp over blocks of 64 keys, one rounding of O to the
+// storage dtype. Supports every dtype, head_dim and stride. Keys with p = 0 (masked) are skipped, so the
+// values of an invisible key never reach the output. Refuses what validate() and validate_host_data()
+// refuse; nothing is written then.
+[[nodiscard]] inline Status sparse_attention(const SparseAttentionArgs& args) noexcept {
+  if (const Status s = validate(args); s != Status::success) return s;
+  if (const Status s = validate_host_data(args); s != Status::success) return s;
+  const SparseAttentionArgs a = resolved(args);
+  try {
+    switch (a.dtype) {
+      case DType::f32: attention_detail::sparse_attention_typed<float>(a); break;
+      case DType::f16: attention_detail::sparse_attention_typed<f16>(a); break;
+      case DType::bf16: attention_detail::sparse_attention_typed<bf16>(a); break;
+    }
+  } catch (...) {
+    return refuse(Status::invalid_argument, "sparse_attention: out of host memory");
+  }
+  return Status::success;
+}
+
+}  // namespace ref
+}  // namespace kvfuse

@@ -1,0 +1,342 @@
+// kvfuse::cuda::kv_deviation and top_k_tokens against their CPU references (kvfuse/ref/kv_topk.hpp) and an
+// fp64 deviation loop written here; top_k_tokens also against the full-sort baseline (cub radix sort).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "harness.cuh"
+#include "kvfuse/cuda/kv_topk.cuh"
+#include "kvfuse/ref/kv_topk.hpp"
+
+using kvfuse::DType;
+using kvfuse::KVDeviationArgs;
+using kvfuse::TopKArgs;
+using kvfuse::gpu_test::DeviceBuffer;
+using kvfuse::gpu_test::rng;
+
+namespace {
+
+struct DevCase {
+  std::int64_t tokens, heads, dim;
+  bool hnd;
+  std::int64_t pad;     // elements after each token row (NHD) or head plane (HND)
+  std::int64_t offset;  // elements the tensors start after their allocation (1: misaligned, scalar path)
+  bool with_rows;
+};
+
+template <class T>
+void run_deviation(const DevCase& c, DType dtype) {
+  const std::int64_t rows = c.with_rows ? c.tokens + 3 : c.tokens;
+  auto strides = [&](std::int64_t n) {
+    struct S {
+      std::int64_t token, head, total;
+    };
+    if (c.hnd) return S{c.dim, n * c.dim + c.pad, c.heads * (n * c.dim + c.pad) + c.offset};
+    return S{c.heads * c.dim + c.pad, c.dim, n * (c.heads * c.dim + c.pad) + c.offset};
+  };
+  const auto rs = strides(c.tokens);
+  const auto cs = strides(rows);
+  const std::vector<T> rec = kvfuse::gpu_test::random_values<T>(static_cast<std::size_t>(rs.total), -2.0f, 2.0f);
+  const std::vector<T> cac = kvfuse::gpu_test::random_values<T>(static_cast<std::size_t>(cs.total), -2.0f, 2.0f);
+  std::vector<std::int32_t> row_map(static_cast<std::size_t>(c.tokens));
+  std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(rows - 1));
+  for (auto& r : row_map) r = pick(rng());
+
+  DeviceBuffer<T> d_rec(rec.size());
+  DeviceBuffer<T> d_cac(cac.size());
+  DeviceBuffer<std::int32_t> d_rows(row_map.size());
+  DeviceBuffer<float> d_dev(static_cast<std::size_t>(c.tokens));
+  d_rec.upload(rec);
+  d_cac.upload(cac);
+  d_rows.upload(row_map);
+  d_dev.poison();
+
+  KVDeviationArgs a;
+  a.dtype = dtype;
+  a.num_tokens = c.tokens;
+  a.num_heads = c.heads;
+  a.head_dim = c.dim;
+  a.recomputed_token_stride = rs.token;
+  a.recomputed_head_stride = rs.head;
+  a.cached_token_stride = cs.token;
+  a.cached_head_stride = cs.head;
+  a.num_cached_rows = c.with_rows ? rows : 0;
+  a.recomputed = d_rec.data() + c.offset;
+  a.cached = d_cac.data() + c.offset;
+  a.deviation = d_dev.data();
+  a.cached_rows = c.with_rows ? d_rows.data() : nullptr;
+  KVFUSE_GPU_OK(kvfuse::cuda::kv_deviation(a));
+  KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> got = d_dev.download();
+
+  std::vector<double> expected(static_cast<std::size_t>(c.tokens));
+  for (std::int64_t t = 0; t < c.tokens; ++t) {
+    const std::int64_t row = c.with_rows ? row_map[static_cast<std::size_t>(t)] : t;
+    double sum = 0;
+    for (std::int64_t h = 0; h < c.heads; ++h) {
+      for (std::int64_t e = 0; e < c.dim; ++e) {
+        const double x = kvfuse::to_float(rec[static_cast<std::size_t>(c.offset + t * rs.token + h * rs.head + e)]);
+        const double y = kvfuse::to_float(cac[static_cast<std::size_t>(c.offset + row * cs.token + h * cs.head + e)]);
+        sum += (x - y) * (x - y);
+      }
+    }
+    expected[static_cast<std::size_t>(t)] = sum;
+  }
+  std::vector<float> cpu(static_cast<std::size_t>(c.tokens));
+  KVDeviationArgs h = a;
+  h.recomputed = rec.data() + c.offset;
+  h.cached = cac.data() + c.offset;
+  h.deviation = cpu.data();
+  h.cached_rows = c.with_rows ? row_map.data() : nullptr;
+  KVFUSE_GPU_OK(kvfuse::ref::kv_deviation(h));
+
+  const std::vector<double> got_d(got.begin(), got.end());
+  const std::vector<double> cpu_d(cpu.begin(), cpu.end());
+  const double err = kvfuse::gpu_test::relative_error(got_d, expected);
+  const double err_cpu = kvfuse::gpu_test::relative_error(got_d, cpu_d);
+  double worst = 0;
+  std::size_t worst_at = 0;
+  for (std::size_t t = 0; t < expected.size(); ++t) {
+    const double e = std::fabs(got_d[t] - expected[t]) / std::max(expected[t], 1e-30);
+    if (!(e <= worst)) {
+      worst = e;
+      worst_at = t;
+    }
+  }
+  KVFUSE_GPU_CHECK(err <= 1e-5 && err_cpu <= 1e-5 && worst <= 1e-5,
+                   "%s tokens %lld heads %lld dim %lld %s pad %lld offset %lld rows %d: rel err vs fp64 %.3g, vs "
+                   "ref %.3g, worst token %zu: got %.9g expected %.9g",
+                   kvfuse::dtype_name(dtype), static_cast<long long>(c.tokens), static_cast<long long>(c.heads),
+                   static_cast<long long>(c.dim), c.hnd ? "HND" : "NHD", static_cast<long long>(c.pad),
+                   static_cast<long long>(c.offset), c.with_rows ? 1 : 0, err, err_cpu, worst_at,
+                   static_cast<double>(got_d[worst_at]), expected[worst_at]);
+}
+
+enum class Scores { distinct, three_values, all_equal, squared_normal, special };
+
+std::vector<float> make_scores(std::int64_t n, Scores kind) {
+  std::vector<float> s(static_cast<std::size_t>(n));
+  std::uniform_real_distribution<float> uniform(0.0f, 100.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> small(0, 2);
+  std::uniform_int_distribution<int> ten(0, 9);
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), -0.0f, 0.0f};
+  for (auto& v : s) {
+    switch (kind) {
+      case Scores::distinct:
+        v = uniform(rng());
+        break;
+      case Scores::three_values:
+        v = static_cast<float>(small(rng()));
+        break;
+      case Scores::all_equal:
+        v = 0.5f;
+        break;
+      case Scores::squared_normal: {
+        const float x = normal(rng());
+        v = x * x;
+        break;
+      }
+      case Scores::special: {
+        const int p = ten(rng());
+        v = p < 5 ? special[p] : uniform(rng()) - 50.0f;
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+const char* scores_name(Scores kind) {
+  switch (kind) {
+    case Scores::distinct:
+      return "distinct";
+    case Scores::three_values:
+      return "three values";
+    case Scores::all_equal:
+      return "all equal";
+    case Scores::squared_normal:
+      return "squared normal";
+    case Scores::special:
+      return "NaN/inf/-0 mixed";
+  }
+  return "?";
+}
+
+// Indices and the first position where two index lists differ (or -1).
+std::int64_t first_difference(const std::vector<std::int32_t>& a, const std::vector<std::int32_t>& b) {
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (a[i] != b[i]) return static_cast<std::int64_t>(i);
+  return a.size() == b.size() ? -1 : static_cast<std::int64_t>(std::min(a.size(), b.size()));
+}
+
+// Output buffers hold k indices plus this many poisoned guard entries after them: a selection of more than
+// k indices (a threshold one key too low) would write there even when its first k indices are right.
+constexpr std::int64_t guard = 64;
+
+// The first guard entry (at or after k) that is no longer the poison -1, or -1.
+std::int64_t first_overwritten_guard(const std::vector<std::int32_t>& out, std::int64_t k) {
+  for (std::size_t i = static_cast<std::size_t>(k); i < out.size(); ++i)
+    if (out[i] != -1) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+void run_top_k(std::int64_t n, Scores kind) {
+  const std::vector<float> scores = make_scores(n, kind);
+  DeviceBuffer<float> d_scores(scores.size());
+  d_scores.upload(scores);
+  const std::size_t ws_bytes = kvfuse::cuda::top_k_workspace_bytes(n);
+  const std::size_t sort_bytes = kvfuse::cuda::top_k_by_sort_workspace_bytes(n);
+  KVFUSE_GPU_CHECK(ws_bytes > 0 && sort_bytes > 0, "workspace queries failed for n %lld", static_cast<long long>(n));
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  DeviceBuffer<unsigned char> sort_ws(sort_bytes);
+  const std::int64_t ks[] = {1, kvfuse::top_k_count(0.15, n), n / 2, n};
+  for (std::int64_t k : ks) {
+    if (k < 1) continue;
+    std::vector<std::int32_t> expected(static_cast<std::size_t>(k));
+    TopKArgs h;
+    h.scores = scores.data();
+    h.indices = expected.data();
+    h.num_items = n;
+    h.k = k;
+    KVFUSE_GPU_OK(kvfuse::ref::top_k_tokens(h));
+
+    DeviceBuffer<std::int32_t> d_out(static_cast<std::size_t>(k + guard));
+    TopKArgs a;
+    a.scores = d_scores.data();
+    a.indices = d_out.data();
+    a.num_items = n;
+    a.k = k;
+    for (int rep = 0; rep < 2; ++rep) {  // twice: same result whatever the scheduling, state reset per call
+      d_out.poison();
+      KVFUSE_GPU_OK(kvfuse::cuda::top_k_tokens(a, ws.data(), ws.size()));
+      KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+      std::vector<std::int32_t> got = d_out.download();
+      const std::int64_t spill = first_overwritten_guard(got, k);
+      got.resize(static_cast<std::size_t>(k));
+      const std::int64_t at = first_difference(got, expected);
+      KVFUSE_GPU_CHECK(at < 0 && spill < 0,
+                       "radix top-k n %lld k %lld %s rep %d: first difference at %lld: got %d expected %d; "
+                       "first guard entry written: %lld",
+                       static_cast<long long>(n), static_cast<long long>(k), scores_name(kind), rep,
+                       static_cast<long long>(at), at >= 0 ? got[static_cast<std::size_t>(at)] : 0,
+                       at >= 0 ? expected[static_cast<std::size_t>(at)] : 0, static_cast<long long>(spill));
+      if (at >= 0 || spill >= 0) return;
+    }
+    if (kind == Scores::special) continue;  // the sort baseline orders -0.0 and NaN differently (documented)
+    d_out.poison();
+    KVFUSE_GPU_OK(kvfuse::cuda::top_k_tokens_by_sort(a, sort_ws.data(), sort_ws.size()));
+    KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+    std::vector<std::int32_t> sorted = d_out.download();
+    const std::int64_t spill = first_overwritten_guard(sorted, k);
+    sorted.resize(static_cast<std::size_t>(k));
+    const std::int64_t at = first_difference(sorted, expected);
+    KVFUSE_GPU_CHECK(at < 0 && spill < 0,
+                     "sort baseline n %lld k %lld %s: first difference at %lld: got %d expected %d; first guard "
+                     "entry written: %lld",
+                     static_cast<long long>(n), static_cast<long long>(k), scores_name(kind),
+                     static_cast<long long>(at), at >= 0 ? sorted[static_cast<std::size_t>(at)] : 0,
+                     at >= 0 ? expected[static_cast<std::size_t>(at)] : 0, static_cast<long long>(spill));
+  }
+}
+
+}  // namespace
+
+KVFUSE_GPU_TEST("kv_deviation: every dtype, NHD/HND, padded, misaligned, cached_rows vs fp64") {
+  const DevCase cases[] = {
+      {1, 1, 64, false, 0, 0, false},    {37, 8, 128, false, 0, 0, false}, {1000, 8, 128, true, 0, 0, false},
+      {300, 4, 64, false, 8, 0, true},   {257, 2, 256, true, 16, 0, true}, {100, 3, 3, false, 0, 0, false},
+      {129, 4, 128, false, 0, 1, false}, {64, 32, 64, true, 0, 1, true},   {5000, 8, 128, false, 0, 0, true},
+  };
+  for (const DevCase& c : cases) {
+    run_deviation<float>(c, DType::f32);
+    run_deviation<kvfuse::f16>(c, DType::f16);
+    run_deviation<kvfuse::bf16>(c, DType::bf16);
+  }
+}
+
+KVFUSE_GPU_TEST("top_k_tokens: exact CPU-reference set at N = 1 .. 3M, ties, NaN; sort baseline agrees") {
+  // (1 << 20) + 7: a last block of 7 items; 3000017: more items than radix_max_blocks blocks cover in one
+  // grid-stride step.
+  const std::int64_t sizes[] = {1, 100, 4096, 32768, 131072, 1 << 20, (1 << 20) + 7, 3000017};
+  const Scores kinds[] = {Scores::distinct, Scores::three_values, Scores::all_equal, Scores::squared_normal,
+                          Scores::special};
+  for (std::int64_t n : sizes)
+    for (Scores kind : kinds) run_top_k(n, kind);
+}
+
+KVFUSE_GPU_TEST("kv_deviation then top_k_tokens: GPU deviations select what the CPU selects from them") {
+  const std::int64_t n = 20000;
+  const std::int64_t width = 8 * 128;
+  const auto rec = kvfuse::gpu_test::random_values<kvfuse::bf16>(static_cast<std::size_t>(n * width));
+  auto cac = rec;
+  std::uniform_int_distribution<std::int64_t> pick(0, n * width - 1);
+  for (int i = 0; i < 5000; ++i) cac[static_cast<std::size_t>(pick(rng()))] = kvfuse::to_bf16(0.25f);
+  DeviceBuffer<kvfuse::bf16> d_rec(rec.size());
+  DeviceBuffer<kvfuse::bf16> d_cac(cac.size());
+  DeviceBuffer<float> d_dev(static_cast<std::size_t>(n));
+  d_rec.upload(rec);
+  d_cac.upload(cac);
+  d_dev.poison();
+  KVDeviationArgs a;
+  a.recomputed = d_rec.data();
+  a.cached = d_cac.data();
+  a.deviation = d_dev.data();
+  a.dtype = DType::bf16;
+  a.num_tokens = n;
+  a.num_heads = 8;
+  a.head_dim = 128;
+  a.recomputed_token_stride = a.cached_token_stride = width;
+  a.recomputed_head_stride = a.cached_head_stride = 128;
+  KVFUSE_GPU_OK(kvfuse::cuda::kv_deviation(a));
+  const std::int64_t k = kvfuse::top_k_count(0.15, n);
+  DeviceBuffer<std::int32_t> d_out(static_cast<std::size_t>(k));
+  DeviceBuffer<unsigned char> ws(kvfuse::cuda::top_k_workspace_bytes(n));
+  TopKArgs t;
+  t.scores = d_dev.data();
+  t.indices = d_out.data();
+  t.num_items = n;
+  t.k = k;
+  d_out.poison();
+  KVFUSE_GPU_OK(kvfuse::cuda::top_k_tokens(t, ws.data(), ws.size()));
+  KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> dev = d_dev.download();
+  std::vector<std::int32_t> expected(static_cast<std::size_t>(k));
+  TopKArgs h = t;
+  h.scores = dev.data();
+  h.indices = expected.data();
+  KVFUSE_GPU_OK(kvfuse::ref::top_k_tokens(h));
+  const std::vector<std::int32_t> got = d_out.download();
+  const std::int64_t at = first_difference(got, expected);
+  KVFUSE_GPU_CHECK(at < 0, "pipeline: first difference at %lld", static_cast<long long>(at));
+}
+
+KVFUSE_GPU_TEST("top_k_tokens refuses a small or misaligned workspace and bad k") {
+  DeviceBuffer<float> scores(1000);
+  DeviceBuffer<std::int32_t> out(1000);
+  const std::size_t need = kvfuse::cuda::top_k_workspace_bytes(1000);
+  DeviceBuffer<unsigned char> ws(need + 256);
+  TopKArgs a;
+  a.scores = scores.data();
+  a.indices = out.data();
+  a.num_items = 1000;
+  a.k = 10;
+  KVFUSE_GPU_CHECK(kvfuse::cuda::top_k_tokens(a, ws.data(), need - 1) == kvfuse::Status::invalid_argument,
+                   "a workspace one byte short was accepted");
+  KVFUSE_GPU_CHECK(kvfuse::cuda::top_k_tokens(a, ws.data() + 8, need) == kvfuse::Status::invalid_argument,
+                   "a misaligned workspace was accepted");
+  a.k = 1001;
+  KVFUSE_GPU_CHECK(kvfuse::cuda::top_k_tokens(a, ws.data(), need) == kvfuse::Status::invalid_argument,
+                   "k > num_items was accepted");
+  a.k = 0;  // nothing to select: success without a launch, the output untouched
+  out.poison();
+  KVFUSE_GPU_CHECK(kvfuse::cuda::top_k_tokens(a, ws.data(), need) == kvfuse::Status::success, "k = 0 was refused");
+  KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+  const std::vector<std::int32_t> untouched = out.download();
+  KVFUSE_GPU_CHECK(first_overwritten_guard(untouched, 0) < 0, "k = 0 wrote index %lld",
+                   static_cast<long long>(first_overwritten_guard(untouched, 0)));
+}

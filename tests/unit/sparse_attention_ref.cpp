@@ -1,0 +1,487 @@
+// ref/sparse_attention.hpp: the CPU reference of sparse-query attention with an exact positional causal
+// mask, against an independent fp64 two-pass softmax written here, on every dtype, head_dim 64/128, GQA,
+// packed and strided layouts; the mask's exactness, the chunk-mass epilogue and the validation messages.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvfuse/core/dtype.hpp"
+#include "kvfuse/core/status.hpp"
+#include "kvfuse/ref/sparse_attention.hpp"
+
+using kvfuse::DType;
+using kvfuse::SparseAttentionArgs;
+using kvfuse::Status;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A [tokens, heads, d] tensor in storage dtype with explicit strides (elements).
+struct Tensor {
+  DType dtype = DType::f32;
+  std::int64_t tokens = 0, heads = 0, d = 0, token_stride = 0, head_stride = 0;
+  std::vector<unsigned char> bytes;
+
+  Tensor(DType t, std::int64_t n, std::int64_t h, std::int64_t dim, std::int64_t ts, std::int64_t hs)
+      : dtype(t), tokens(n), heads(h), d(dim), token_stride(ts), head_stride(hs) {
+    const std::int64_t span = n == 0 ? 0 : (n - 1) * ts + (h - 1) * hs + dim;
+    bytes.assign(static_cast<std::size_t>(std::max<std::int64_t>(span, 1) * kvfuse::dtype_size(t)), 0xAB);
+  }
+  std::int64_t offset(std::int64_t t, std::int64_t h, std::int64_t e) const {
+    return t * token_stride + h * head_stride + e;
+  }
+  float get(std::int64_t t, std::int64_t h, std::int64_t e) const {
+    const auto at = static_cast<std::size_t>(offset(t, h, e));
+    switch (dtype) {
+      case DType::f32: return reinterpret_cast<const float*>(bytes.data())[at];
+      case DType::f16: return kvfuse::to_float(reinterpret_cast<const kvfuse::f16*>(bytes.data())[at]);
+      case DType::bf16: return kvfuse::to_float(reinterpret_cast<const kvfuse::bf16*>(bytes.data())[at]);
+    }
+    return 0;
+  }
+  void set(std::int64_t t, std::int64_t h, std::int64_t e, float x) {
+    const auto at = static_cast<std::size_t>(offset(t, h, e));
+    switch (dtype) {
+      case DType::f32: reinterpret_cast<float*>(bytes.data())[at] = x; break;
+      case DType::f16: reinterpret_cast<kvfuse::f16*>(bytes.data())[at] = kvfuse::to_f16(x); break;
+      case DType::bf16: reinterpret_cast<kvfuse::bf16*>(bytes.data())[at] = kvfuse::to_bf16(x); break;
+    }
+  }
+  void fill_random(std::mt19937& rng, float lo, float hi) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (std::int64_t t = 0; t < tokens; ++t)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t e = 0; e < d; ++e) set(t, h, e, dist(rng));
+  }
+};
+
+enum class Layout { nhd, strided };
+
+// Packed NHD, or: Q/O padded NHD (head stride d + 8, token stride heads·(d + 8) + 16), K/V HND.
+Tensor make_tensor(DType t, std::int64_t n, std::int64_t h, std::int64_t d, Layout layout, bool kv) {
+  if (layout == Layout::nhd) return Tensor(t, n, h, d, h * d, d);
+  if (kv) return Tensor(t, n, h, d, d, n * d);
+  return Tensor(t, n, h, d, h * (d + 8) + 16, d + 8);
+}
+
+struct Problem {
+  DType dtype = DType::bf16;
+  std::int64_t hq = 4, hkv = 2, d = 64;
+  Layout layout = Layout::nhd;
+  float scale = 0.0f;
+  std::vector<std::int32_t> q_pos, k_pos;
+  std::vector<std::int64_t> chunk_starts;  // empty: no epilogue
+  Tensor q, k, v, o;
+  std::vector<float> lse, mass;
+
+  Problem(DType t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t dim, Layout l, std::vector<std::int32_t> qp,
+          std::vector<std::int32_t> kp)
+      : dtype(t), hq(q_heads), hkv(kv_heads), d(dim), layout(l), q_pos(std::move(qp)), k_pos(std::move(kp)),
+        q(make_tensor(t, static_cast<std::int64_t>(q_pos.size()), q_heads, dim, l, false)),
+        k(make_tensor(t, static_cast<std::int64_t>(k_pos.size()), kv_heads, dim, l, true)),
+        v(make_tensor(t, static_cast<std::int64_t>(k_pos.size()), kv_heads, dim, l, true)),
+        o(make_tensor(t, static_cast<std::int64_t>(q_pos.size()), q_heads, dim, l, false)) {}
+
+  std::int64_t s() const { return static_cast<std::int64_t>(q_pos.size()); }
+  std::int64_t n() const { return static_cast<std::int64_t>(k_pos.size()); }
+  std::int64_t chunks() const { return chunk_starts.empty() ? 0 : static_cast<std::int64_t>(chunk_starts.size()) - 1; }
+
+  SparseAttentionArgs args() {
+    lse.assign(static_cast<std::size_t>(s() * hq), std::nanf(""));
+    mass.assign(static_cast<std::size_t>(s() * chunks()), std::nanf(""));
+    SparseAttentionArgs a;
+    a.dtype = dtype;
+    a.num_queries = s();
+    a.num_keys = n();
+    a.num_q_heads = hq;
+    a.num_kv_heads = hkv;
+    a.head_dim = d;
+    a.scale = scale;
+    a.q = q.bytes.data();
+    a.k = k.bytes.data();
+    a.v = v.bytes.data();
+    a.o = o.bytes.data();
+    if (layout == Layout::strided) {  // packed NHD is left to the 0 = default strides
+      a.q_token_stride = q.token_stride;
+      a.q_head_stride = q.head_stride;
+      a.k_token_stride = k.token_stride;
+      a.k_head_stride = k.head_stride;
+      a.v_token_stride = v.token_stride;
+      a.v_head_stride = v.head_stride;
+      a.o_token_stride = o.token_stride;
+      a.o_head_stride = o.head_stride;
+    }
+    a.q_pos = q_pos.data();
+    a.k_pos = k_pos.data();
+    a.lse = lse.data();
+    a.num_chunks = chunks();
+    a.chunk_starts = chunk_starts.empty() ? nullptr : chunk_starts.data();
+    a.mass = mass.empty() ? nullptr : mass.data();
+    return a;
+  }
+};
+
+// The independent oracle: fp64, two passes (max, then sum), the mask written out as pos_k <= pos_q.
+struct Expected {
+  std::vector<double> o;     // [S][Hq][d]
+  std::vector<double> lse;   // [S][Hq]
+  std::vector<double> mass;  // [S][C]
+};
+
+Expected oracle(const Problem& p) {
+  const double scale = p.scale != 0.0f ? static_cast<double>(p.scale) : 1.0 / std::sqrt(static_cast<double>(p.d));
+  const std::int64_t c_count = p.chunks();
+  Expected e;
+  e.o.assign(static_cast<std::size_t>(p.s() * p.hq * p.d), 0.0);
+  e.lse.assign(static_cast<std::size_t>(p.s() * p.hq), -kInf);
+  e.mass.assign(static_cast<std::size_t>(p.s() * c_count), 0.0);
+  std::vector<double> w(static_cast<std::size_t>(p.n()));
+  for (std::int64_t i = 0; i < p.s(); ++i) {
+    for (std::int64_t h = 0; h < p.hq; ++h) {
+      const std::int64_t g = h * p.hkv / p.hq;  // KV head of query head h
+      double mx = -kInf;
+      for (std::int64_t j = 0; j < p.n(); ++j) {
+        if (p.k_pos[static_cast<std::size_t>(j)] > p.q_pos[static_cast<std::size_t>(i)]) {
+          w[static_cast<std::size_t>(j)] = -kInf;
+          continue;
+        }
+        double dot = 0;
+        for (std::int64_t x = 0; x < p.d; ++x)
+          dot += static_cast<double>(p.q.get(i, h, x)) * static_cast<double>(p.k.get(j, g, x));
+        w[static_cast<std::size_t>(j)] = dot * scale;
+        mx = std::max(mx, dot * scale);
+      }
+      if (mx == -kInf) continue;  // no visible key: O = 0, LSE = -inf, no mass
+      double sum = 0;
+      for (std::int64_t j = 0; j < p.n(); ++j) sum += std::exp(w[static_cast<std::size_t>(j)] - mx);
+      const double lse = mx + std::log(sum);
+      e.lse[static_cast<std::size_t>(i * p.hq + h)] = lse;
+      for (std::int64_t j = 0; j < p.n(); ++j) {
+        const double prob = std::exp(w[static_cast<std::size_t>(j)] - lse);
+        for (std::int64_t x = 0; x < p.d; ++x)
+          e.o[static_cast<std::size_t>((i * p.hq + h) * p.d + x)] += prob * static_cast<double>(p.v.get(j, g, x));
+        for (std::int64_t c = 0; c < c_count; ++c)
+          if (j >= p.chunk_starts[static_cast<std::size_t>(c)] && j < p.chunk_starts[static_cast<std::size_t>(c + 1)])
+            e.mass[static_cast<std::size_t>(i * c_count + c)] += prob;
+      }
+    }
+  }
+  return e;
+}
+
+double tolerance(DType t) {
+  switch (t) {
+    case DType::f32: return 1e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1e-2;
+  }
+  return 0;
+}
+
+// ||O - expected|| / ||expected|| over all outputs, LSE within 1e-4 (relative to 1 + |LSE|), -inf exact.
+void check_against_oracle(const Problem& p, const Expected& e) {
+  double diff = 0, norm = 0;
+  for (std::int64_t i = 0; i < p.s(); ++i)
+    for (std::int64_t h = 0; h < p.hq; ++h)
+      for (std::int64_t x = 0; x < p.d; ++x) {
+        const double got = p.o.get(i, h, x);
+        const double want = e.o[static_cast<std::size_t>((i * p.hq + h) * p.d + x)];
+        REQUIRE(std::isfinite(got));
+        diff += (got - want) * (got - want);
+        norm += want * want;
+      }
+  const double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  CAPTURE(rel);
+  CHECK(rel <= tolerance(p.dtype));
+  for (std::size_t r = 0; r < e.lse.size(); ++r) {
+    CAPTURE(r);
+    const double got = p.lse[r];
+    if (e.lse[r] == -kInf) {
+      CHECK(got == -kInf);
+    } else {
+      CHECK(std::fabs(got - e.lse[r]) <= 1e-4 * (1.0 + std::fabs(e.lse[r])));
+    }
+  }
+}
+
+// Prompt positions with gaps (starting at `first`), and a sorted random subset of them as queries, plus a
+// query before every key and one after every key.
+void random_positions(std::mt19937& rng, std::int64_t n, std::int64_t s, std::int32_t first,
+                      std::vector<std::int32_t>& q_pos, std::vector<std::int32_t>& k_pos) {
+  std::uniform_int_distribution<int> gap(1, 3);
+  k_pos.resize(static_cast<std::size_t>(n));
+  std::int32_t pos = first;
+  for (auto& x : k_pos) {
+    x = pos;
+    pos += gap(rng);
+  }
+  std::vector<std::int32_t> pool = k_pos;
+  std::shuffle(pool.begin(), pool.end(), rng);
+  q_pos.assign(pool.begin(), pool.begin() + (s - 2));
+  q_pos.push_back(first - 1);             // sees no key
+  q_pos.push_back(k_pos.back() + 7);      // sees every key
+  std::sort(q_pos.begin(), q_pos.end());
+}
+
+}  // namespace
+
+TEST_CASE("sparse_attention ref matches an fp64 two-pass softmax: dtypes, head_dim, GQA, layouts") {
+  std::mt19937 rng(1234);
+  const std::pair<std::int64_t, std::int64_t> heads[] = {{9, 3}, {32, 8}, {2, 2}};
+  for (const DType t : {DType::bf16, DType::f16, DType::f32})
+    for (const std::int64_t d : {64, 128})
+      for (const auto& [hq, hkv] : heads)
+        for (const Layout layout : {Layout::nhd, Layout::strided}) {
+          CAPTURE(kvfuse::dtype_name(t));
+          CAPTURE(d);
+          CAPTURE(hq);
+          CAPTURE(hkv);
+          CAPTURE(static_cast<int>(layout));
+          std::vector<std::int32_t> qp, kp;
+          random_positions(rng, 131, 21, 3, qp, kp);
+          Problem p(t, hq, hkv, d, layout, qp, kp);
+          p.q.fill_random(rng, -1.0f, 1.0f);
+          p.k.fill_random(rng, -1.0f, 1.0f);
+          p.v.fill_random(rng, -1.0f, 1.0f);
+          if (hq == 2) p.scale = 0.3f;  // an explicit scale; elsewhere 0 selects 1/sqrt(d)
+          REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+          check_against_oracle(p, oracle(p));
+          CHECK(p.lse[0] == -std::numeric_limits<float>::infinity());  // the query before every key
+          for (std::int64_t x = 0; x < d; ++x) CHECK(p.o.get(0, 0, x) == 0.0f);
+        }
+}
+
+TEST_CASE("every query selected at positions 0..N-1 equals dense causal attention") {
+  std::mt19937 rng(99);
+  const std::int64_t n = 77, hq = 4, hkv = 2, d = 64;
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) pos[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+  Problem p(DType::f32, hq, hkv, d, Layout::nhd, pos, pos);
+  p.q.fill_random(rng, -2.0f, 2.0f);
+  p.k.fill_random(rng, -2.0f, 2.0f);
+  p.v.fill_random(rng, -1.0f, 1.0f);
+  REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+  // Dense causal attention by index (row i sees columns 0..i), fp64.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  double worst = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::int64_t g = h / (hq / hkv);
+      std::vector<double> w(static_cast<std::size_t>(i + 1));
+      double mx = -kInf;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (std::int64_t x = 0; x < d; ++x) dot += double{p.q.get(i, h, x)} * double{p.k.get(j, g, x)};
+        w[static_cast<std::size_t>(j)] = dot * scale;
+        mx = std::max(mx, dot * scale);
+      }
+      double sum = 0;
+      for (auto& x : w) sum += (x = std::exp(x - mx));
+      CHECK(p.lse[static_cast<std::size_t>(i * hq + h)] == doctest::Approx(mx + std::log(sum)).epsilon(1e-5));
+      for (std::int64_t x = 0; x < d; ++x) {
+        double want = 0;
+        for (std::int64_t j = 0; j <= i; ++j) want += w[static_cast<std::size_t>(j)] / sum * p.v.get(j, g, x);
+        worst = std::max(worst, std::fabs(want - p.o.get(i, h, x)));
+      }
+    }
+  CHECK(worst <= 1e-5);
+}
+
+TEST_CASE("a query sees exactly the keys at or before its position, equal positions included") {
+  // Keys with gaps in their positions; queries between, on and past them. With Q = 0 every visible key has
+  // the same score, so O is the mean of the visible V rows: V[j] = e_j makes O[i][j] = 1/count or 0.
+  const std::vector<std::int32_t> kp = {2, 3, 4, 7, 8, 12, 13};
+  const std::vector<std::int32_t> qp = {1, 4, 5, 7, 11, 12, 40};
+  const std::vector<int> visible = {0, 3, 3, 4, 5, 6, 7};  // keys with pos <= query pos, counted by hand
+  for (const DType t : {DType::bf16, DType::f32}) {
+    CAPTURE(kvfuse::dtype_name(t));
+    Problem p(t, 2, 1, 64, Layout::nhd, qp, kp);
+    for (std::int64_t j = 0; j < p.n(); ++j)
+      for (std::int64_t x = 0; x < p.d; ++x) {
+        p.k.set(j, 0, x, 0.25f * static_cast<float>((j * 7 + x) % 5));
+        p.v.set(j, 0, x, x == j ? 1.0f : 0.0f);
+      }
+    for (std::int64_t i = 0; i < p.s(); ++i)
+      for (std::int64_t h = 0; h < p.hq; ++h)
+        for (std::int64_t x = 0; x < p.d; ++x) p.q.set(i, h, x, 0.0f);
+    REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+    for (std::int64_t i = 0; i < p.s(); ++i) {
+      CAPTURE(i);
+      const int count = visible[static_cast<std::size_t>(i)];
+      for (std::int64_t h = 0; h < p.hq; ++h) {
+        const float lse = p.lse[static_cast<std::size_t>(i * p.hq + h)];
+        if (count == 0) {
+          CHECK(lse == -std::numeric_limits<float>::infinity());
+        } else {
+          CHECK(lse == doctest::Approx(std::log(count)).epsilon(1e-6));
+        }
+        for (std::int64_t x = 0; x < p.d; ++x) {
+          const double want = x < count ? 1.0 / count : 0.0;
+          CHECK(p.o.get(i, h, x) == doctest::Approx(want).epsilon(t == DType::f32 ? 1e-6 : 4e-3));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("changing K and V of a key the query cannot see leaves its output bitwise unchanged") {
+  std::mt19937 rng(5);
+  std::vector<std::int32_t> qp, kp;
+  random_positions(rng, 150, 12, 0, qp, kp);
+  Problem p(DType::bf16, 9, 3, 128, Layout::strided, qp, kp);
+  p.q.fill_random(rng, -1.0f, 1.0f);
+  p.k.fill_random(rng, -1.0f, 1.0f);
+  p.v.fill_random(rng, -1.0f, 1.0f);
+  REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+  const std::vector<unsigned char> before = p.o.bytes;
+  const std::vector<float> lse_before = p.lse;
+  // Query 5 sits at some key position; every key past it is invisible to it. Scramble those keys.
+  const std::int32_t cut = p.q_pos[5];
+  std::int64_t changed = 0;
+  for (std::int64_t j = 0; j < p.n(); ++j) {
+    if (p.k_pos[static_cast<std::size_t>(j)] <= cut) continue;
+    ++changed;
+    for (std::int64_t g = 0; g < p.hkv; ++g)
+      for (std::int64_t x = 0; x < p.d; ++x) {
+        p.k.set(j, g, x, 100.0f);
+        p.v.set(j, g, x, -1000.0f);
+      }
+  }
+  REQUIRE(changed > 0);
+  REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+  for (std::int64_t i = 0; i < p.s(); ++i) {
+    if (p.q_pos[static_cast<std::size_t>(i)] > cut) continue;
+    CAPTURE(i);
+    for (std::int64_t h = 0; h < p.hq; ++h) {
+      const auto off = static_cast<std::size_t>(p.o.offset(i, h, 0) * 2);
+      CHECK(std::memcmp(before.data() + off, p.o.bytes.data() + off, static_cast<std::size_t>(p.d * 2)) == 0);
+      const auto r = static_cast<std::size_t>(i * p.hq + h);
+      CHECK(std::memcmp(&lse_before[r], &p.lse[r], sizeof(float)) == 0);
+    }
+  }
+  // ...while a query that sees them does change.
+  CHECK(std::memcmp(before.data() + p.o.offset(p.s() - 1, 0, 0) * 2, p.o.bytes.data() + p.o.offset(p.s() - 1, 0, 0) * 2,
+                    static_cast<std::size_t>(p.d * 2)) != 0);
+}
+
+TEST_CASE("chunk mass: sums to Hq over covering chunks and matches an independent computation") {
+  std::mt19937 rng(17);
+  std::vector<std::int32_t> qp, kp;
+  random_positions(rng, 140, 15, 2, qp, kp);
+  for (const bool covering : {true, false}) {
+    CAPTURE(covering);
+    Problem p(DType::f16, 6, 2, 64, Layout::nhd, qp, kp);
+    p.q.fill_random(rng, -1.5f, 1.5f);
+    p.k.fill_random(rng, -1.5f, 1.5f);
+    p.v.fill_random(rng, -1.0f, 1.0f);
+    // Covering: [0,30) [30,30) (empty) [30,95) [95,140). Partial: keys before 10 and from 120 on are in none.
+    p.chunk_starts = covering ? std::vector<std::int64_t>{0, 30, 30, 95, 140} : std::vector<std::int64_t>{10, 64, 120};
+    REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+    const Expected e = oracle(p);
+    const std::int64_t c_count = p.chunks();
+    for (std::int64_t i = 0; i < p.s(); ++i) {
+      CAPTURE(i);
+      double total = 0;
+      for (std::int64_t c = 0; c < c_count; ++c) {
+        const auto r = static_cast<std::size_t>(i * c_count + c);
+        CHECK(std::fabs(p.mass[r] - e.mass[r]) <= 1e-4);
+        total += p.mass[r];
+      }
+      const bool sees_keys = p.q_pos[static_cast<std::size_t>(i)] >= p.k_pos[0];
+      if (covering) CHECK(total == doctest::Approx(sees_keys ? static_cast<double>(p.hq) : 0.0).epsilon(1e-5));
+      if (covering) CHECK(p.mass[static_cast<std::size_t>(i * c_count + 1)] == 0.0f);  // the empty chunk
+    }
+  }
+}
+
+TEST_CASE("sparse_attention validation refuses bad arguments and names the value") {
+  const std::vector<std::int32_t> kp = {0, 1, 2, 3};
+  const std::vector<std::int32_t> qp = {1, 3};
+  Problem p(DType::bf16, 4, 2, 64, Layout::nhd, qp, kp);
+  const auto refused = [](SparseAttentionArgs a, const char* needle) {
+    CAPTURE(needle);
+    CHECK(kvfuse::ref::sparse_attention(a) == Status::invalid_argument);
+    const std::string message = kvfuse::last_status_message();
+    CAPTURE(message);
+    CHECK(message.find(needle) != std::string::npos);
+  };
+  REQUIRE(kvfuse::ref::sparse_attention(p.args()) == Status::success);
+  {
+    auto a = p.args();
+    a.num_q_heads = 9;
+    a.num_kv_heads = 4;
+    refused(a, "num_q_heads 9 is not a multiple of num_kv_heads 4");
+  }
+  {
+    auto a = p.args();
+    a.head_dim = 0;
+    refused(a, "head_dim 0");
+  }
+  {
+    auto a = p.args();
+    a.num_keys = -3;
+    refused(a, "num_keys -3");
+  }
+  {
+    auto a = p.args();
+    a.k_head_stride = -64;
+    refused(a, "k_head_stride -64");
+  }
+  {
+    auto a = p.args();
+    a.scale = std::numeric_limits<float>::infinity();
+    refused(a, "scale inf");
+  }
+  {
+    auto a = p.args();
+    a.dtype = static_cast<DType>(7);
+    refused(a, "dtype 7");
+  }
+  {
+    auto a = p.args();
+    a.v = nullptr;
+    refused(a, "k, v or k_pos is null");
+  }
+  {
+    auto a = p.args();
+    const std::vector<std::int32_t> unsorted = {0, 5, 4, 6};
+    a.k_pos = unsorted.data();
+    refused(a, "k_pos[1] = 5 > k_pos[2] = 4");
+  }
+  {
+    auto a = p.args();
+    const std::vector<std::int64_t> starts = {0, 3, 2};
+    a.num_chunks = 2;
+    a.chunk_starts = starts.data();
+    std::vector<float> mass(4);
+    a.mass = mass.data();
+    refused(a, "chunk_starts[2] = 2");
+  }
+  {
+    auto a = p.args();
+    const std::vector<std::int64_t> starts = {0, 5};
+    a.num_chunks = 1;
+    a.chunk_starts = starts.data();
+    std::vector<float> mass(2);
+    a.mass = mass.data();
+    refused(a, "chunk_starts[1] = 5");
+  }
+  {
+    auto a = p.args();
+    a.num_chunks = 1;
+    refused(a, "1 chunks but chunk_starts");
+  }
+  {
+    auto a = p.args();
+    a.workspace_bytes = -16;
+    refused(a, "workspace_bytes -16");
+  }
+}
