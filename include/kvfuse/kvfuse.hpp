@@ -2,8 +2,10 @@
 // Umbrella header: everything host-side in kvfuse (no CUDA needed).
 
 #include "kvfuse/core/config.hpp"
+#include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/status.hpp"
 #include "kvfuse/core/types.hpp"
 
 #include "kvfuse/backend/concepts.hpp"
@@ -28,3 +30,9 @@
 #include "kvfuse/fusion/fusion_method.hpp"
 
 #include "kvfuse/split/kv_split.hpp"
+
+// The CUDA kernels' argument structs and CPU references (the launchers: kvfuse/cuda.cuh).
+#include "kvfuse/ref/kv_scatter.hpp"
+#include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/ref/sparse_attention.hpp"

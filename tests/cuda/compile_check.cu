@@ -1,10 +1,11 @@
-// The KVFUSE_HOST_DEVICE element math compiles under nvcc for sm_90 (+ PTX), and its host instantiation
+// Every kernel header (kvfuse/cuda.cuh) and the KVFUSE_HOST_DEVICE element math compile under nvcc for
+// sm_90 (+ PTX) in one translation unit, and the element math's host instantiation
 // in this nvcc translation unit gives the value computed by hand. The kernel is compiled, not launched,
 // so this runs without a GPU.
 #include <cstdio>
 #include <string_view>
 
-#include "kvfuse/cuda/status.cuh"
+#include "kvfuse/cuda.cuh"
 #include "kvfuse/detail/kv_deviation.hpp"
 
 namespace {
