@@ -13,6 +13,7 @@
 #include "harness.cuh"
 #include "kvfuse/cuda/rope.cuh"
 #include "kvfuse/ref/rope.hpp"
+#include "support/rope_test_util.hpp"
 
 using kvfuse::DType;
 using kvfuse::Status;
@@ -22,88 +23,31 @@ using kvfuse::gpu_test::rng;
 using kvfuse::RopeArgs;
 using kvfuse::RopeOp;
 using kvfuse::RopeStrides;
+using kvfuse::test::AlignedBuffer;
+using kvfuse::test::Layout;
+using kvfuse::test::load;
+using kvfuse::test::offset;
+using kvfuse::test::padded_strides;
+using kvfuse::test::run_ref;
+using kvfuse::test::storage_ulp;
+using kvfuse::test::store;
 
 namespace {
 
 constexpr std::uint8_t poison_byte = 0xFF;
 
-// 16-byte aligned host bytes (the CPU reference checks alignment as the launcher does).
-class HostBuffer {
- public:
-  explicit HostBuffer(std::size_t bytes, std::uint8_t fill = poison_byte) : words_(bytes / 8 + 4) {
-    std::memset(words_.data(), fill, words_.size() * 8);
-    offset_ = (16 - reinterpret_cast<std::uintptr_t>(words_.data()) % 16) % 16;
-  }
-  std::uint8_t* data() { return reinterpret_cast<std::uint8_t*>(words_.data()) + offset_; }
-
- private:
-  std::vector<std::uint64_t> words_;
-  std::size_t offset_ = 0;
-};
-
-double load(DType t, const void* base, std::int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f16: return kvfuse::to_float(static_cast<const kvfuse::f16*>(base)[i]);
-    case DType::bf16: return kvfuse::to_float(static_cast<const kvfuse::bf16*>(base)[i]);
-  }
-  return NAN;
-}
-
-void store(DType t, void* base, std::int64_t i, float v) {
-  switch (t) {
-    case DType::f32: static_cast<float*>(base)[i] = v; break;
-    case DType::f16: static_cast<kvfuse::f16*>(base)[i] = kvfuse::to_f16(v); break;
-    case DType::bf16: static_cast<kvfuse::bf16*>(base)[i] = kvfuse::to_bf16(v); break;
-  }
-}
-
-// Spacing of storage values at magnitude |v|.
-double storage_ulp(DType t, double v) {
-  const int mantissa_bits = t == DType::f32 ? 23 : (t == DType::f16 ? 10 : 7);
-  const int min_exponent = t == DType::f32 ? -126 : (t == DType::f16 ? -14 : -126);
-  const int e = v == 0 ? min_exponent : std::max(min_exponent, std::ilogb(std::fabs(v)));
-  return std::ldexp(1.0, e - mantissa_bits);
-}
-
 // Bound of an elementwise difference that one storage rounding (16-bit) or the fp32 math (f32) explains,
 // at a pair of magnitude m.
 double pair_bound(DType t, double m) { return t == DType::f32 ? 1e-6 * m : storage_ulp(t, m); }
 
-enum class Layout { nhd, hnd };
-
 const char* layout_name(Layout l) { return l == Layout::nhd ? "NHD" : "HND"; }
 const char* pairing_name(RopePairing p) { return p == RopePairing::interleaved ? "interleaved" : "half_split"; }
-
-// One 16-byte vector of padding after each token row (NHD) or head plane (HND), and after each layer.
-RopeStrides padded_strides(Layout layout, DType t, std::int64_t n, std::int64_t h, std::int64_t d) {
-  const std::int64_t pad = 16 / kvfuse::dtype_size(t);
-  if (layout == Layout::nhd) {
-    const std::int64_t token = h * d + pad;
-    return {token, d, n * token + pad};
-  }
-  const std::int64_t head = n * d + pad;
-  return {d, head, h * head + pad};
-}
-
-std::int64_t offset(const RopeStrides& s, std::int64_t l, std::int64_t t, std::int64_t h) {
-  return l * s.layer + t * s.token + h * s.head;
-}
 
 Status launch(RopeOp op, const RopeArgs& a) {
   switch (op) {
     case RopeOp::apply: return kvfuse::cuda::rope_apply(a);
     case RopeOp::inverse: return kvfuse::cuda::rope_inverse(a);
     case RopeOp::shift: return kvfuse::cuda::rope_shift(a);
-  }
-  return Status::unsupported;
-}
-
-Status run_ref(RopeOp op, const RopeArgs& a) {
-  switch (op) {
-    case RopeOp::apply: return kvfuse::ref::rope_apply(a);
-    case RopeOp::inverse: return kvfuse::ref::rope_inverse(a);
-    case RopeOp::shift: return kvfuse::ref::rope_shift(a);
   }
   return Status::unsupported;
 }
@@ -154,7 +98,7 @@ void check_config(const Config& c) {
   const auto out_bytes = static_cast<std::size_t>(c.layers * a.out_strides.layer * size);
 
   // Inputs: random values in the view, poison (0xFF bytes, NaN) everywhere else.
-  HostBuffer in_host(in_bytes);
+  AlignedBuffer in_host(in_bytes, poison_byte);
   std::uniform_real_distribution<float> value(-3.0f, 3.0f);
   for (std::int64_t l = 0; l < c.layers; ++l)
     for (std::int64_t t = 0; t < c.tokens; ++t)
@@ -182,11 +126,11 @@ void check_config(const Config& c) {
   KVFUSE_GPU_OK(launch(c.op, a));
   KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
   const std::vector<std::uint8_t> out_bytes_device = c.in_place ? d_in.download() : d_out.download();
-  HostBuffer got(out_bytes);
+  AlignedBuffer got(out_bytes, poison_byte);
   std::memcpy(got.data(), out_bytes_device.data(), out_bytes);
 
   // CPU reference on the same inputs.
-  HostBuffer cpu(out_bytes);
+  AlignedBuffer cpu(out_bytes, poison_byte);
   if (c.in_place) std::memcpy(cpu.data(), in_host.data(), in_bytes);
   RopeArgs h = a;
   h.in = c.in_place ? static_cast<const void*>(cpu.data()) : static_cast<const void*>(in_host.data());
@@ -258,7 +202,7 @@ void check_config(const Config& c) {
           view[static_cast<std::size_t>(offset(a.out_strides, l, t, hd) * size + b)] = true;
   std::size_t stray = 0;
   for (std::size_t b = 0; b < out_bytes; ++b)
-    if (!view[b] && got.data()[b] != poison_byte) ++stray;
+    if (!view[b] && got.bytes()[b] != poison_byte) ++stray;
   KVFUSE_GPU_CHECK(stray == 0, "%s: %zu bytes outside the output view changed", what.c_str(), stray);
   if (!c.in_place) {
     const std::vector<std::uint8_t> in_after = d_in.download();
@@ -308,7 +252,7 @@ KVFUSE_GPU_TEST("rope: apply-then-inverse and shift-vs-apply-at-new on the devic
         frequencies.head_dim = d;
         frequencies.base = 10000.0;
         KVFUSE_GPU_OK(kvfuse::rope_frequencies(frequencies, a.theta));
-        HostBuffer original(bytes);
+        AlignedBuffer original(bytes, poison_byte);
         std::uniform_real_distribution<float> value(-4.0f, 4.0f);
         for (std::size_t i = 0; i < count; ++i) store(dtype, original.data(), static_cast<std::int64_t>(i), value(rng()));
         std::uniform_int_distribution<std::int32_t> position(0, 131072);
@@ -348,7 +292,7 @@ KVFUSE_GPU_TEST("rope: apply-then-inverse and shift-vs-apply-at-new on the devic
         KVFUSE_GPU_OK(kvfuse::cuda::rope_apply(a));
         KVFUSE_GPU_OK(kvfuse::cuda::rope_inverse(a));
         KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
-        const double round_trip = worst(x.download(), original.data());
+        const double round_trip = worst(x.download(), original.bytes());
         KVFUSE_GPU_CHECK(round_trip <= 1.0, "%s: apply then inverse differs by %.3g bounds (1 ulp; f32 1e-6)",
                          what.c_str(), round_trip);
 

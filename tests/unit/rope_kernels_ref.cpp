@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "support/rope_test_util.hpp"
+
 using kvfuse::DType;
 using kvfuse::Status;
 using kvfuse::detail::RopePairing;
@@ -21,6 +23,14 @@ using kvfuse::RopeFrequencyConfig;
 using kvfuse::RopeOp;
 using kvfuse::RopeScaling;
 using kvfuse::RopeStrides;
+using kvfuse::test::AlignedBuffer;
+using kvfuse::test::Layout;
+using kvfuse::test::load;
+using kvfuse::test::offset;
+using kvfuse::test::padded_strides;
+using kvfuse::test::run_ref;
+using kvfuse::test::storage_ulp;
+using kvfuse::test::store;
 
 namespace {
 
@@ -28,67 +38,6 @@ constexpr DType all_dtypes[] = {DType::f32, DType::f16, DType::bf16};
 constexpr RopePairing all_pairings[] = {RopePairing::interleaved, RopePairing::half_split};
 constexpr std::int64_t all_head_dims[] = {64, 128, 256};
 constexpr std::uint8_t sentinel = 0xA5;  // bytes outside every view
-
-// A 16-byte aligned host buffer whose bytes all start as `sentinel`.
-class Buffer {
- public:
-  explicit Buffer(std::size_t bytes) : bytes_(bytes), words_(bytes / 8 + 4) {
-    std::memset(words_.data(), sentinel, words_.size() * 8);
-    const auto address = reinterpret_cast<std::uintptr_t>(words_.data());
-    offset_ = (16 - address % 16) % 16;
-  }
-  void* data() { return reinterpret_cast<std::uint8_t*>(words_.data()) + offset_; }
-  const std::uint8_t* bytes() const { return reinterpret_cast<const std::uint8_t*>(words_.data()) + offset_; }
-  std::size_t size() const { return bytes_; }
-
- private:
-  std::size_t bytes_;
-  std::vector<std::uint64_t> words_;
-  std::size_t offset_ = 0;
-};
-
-double load(DType t, const void* base, std::int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f16: return kvfuse::to_float(static_cast<const kvfuse::f16*>(base)[i]);
-    case DType::bf16: return kvfuse::to_float(static_cast<const kvfuse::bf16*>(base)[i]);
-  }
-  return NAN;
-}
-
-void store(DType t, void* base, std::int64_t i, float v) {
-  switch (t) {
-    case DType::f32: static_cast<float*>(base)[i] = v; break;
-    case DType::f16: static_cast<kvfuse::f16*>(base)[i] = kvfuse::to_f16(v); break;
-    case DType::bf16: static_cast<kvfuse::bf16*>(base)[i] = kvfuse::to_bf16(v); break;
-  }
-}
-
-// Spacing of storage values of type t at magnitude |v| (normal range; the subnormal spacing below it).
-double storage_ulp(DType t, double v) {
-  const int mantissa_bits = t == DType::f32 ? 23 : (t == DType::f16 ? 10 : 7);
-  const int min_exponent = t == DType::f32 ? -126 : (t == DType::f16 ? -14 : -126);
-  const int e = v == 0 ? min_exponent : std::max(min_exponent, std::ilogb(std::fabs(v)));
-  return std::ldexp(1.0, e - mantissa_bits);
-}
-
-enum class Layout { nhd, hnd };
-
-// Strides of `layout` with one 16-byte vector of padding after each token row (NHD) or head plane (HND)
-// and after each layer, so writes outside the view show up in the sentinel bytes.
-RopeStrides padded_strides(Layout layout, DType t, std::int64_t n, std::int64_t h, std::int64_t d) {
-  const std::int64_t pad = 16 / kvfuse::dtype_size(t);
-  if (layout == Layout::nhd) {
-    const std::int64_t token = h * d + pad;
-    return {token, d, n * token + pad};
-  }
-  const std::int64_t head = n * d + pad;
-  return {d, head, h * head + pad};
-}
-
-std::int64_t offset(const RopeStrides& s, std::int64_t l, std::int64_t t, std::int64_t h) {
-  return l * s.layer + t * s.token + h * s.head;
-}
 
 // Bytes of the element (l, t, h, e) set in `mask`.
 void mark_view(std::vector<bool>& mask, const RopeArgs& a, const RopeStrides& s) {
@@ -134,15 +83,6 @@ double expected_element(const std::vector<double>& x, std::int64_t e, RopePairin
   const double xp = x[static_cast<std::size_t>(partner)];
   pair_magnitude = std::hypot(xe, xp);
   return first ? xe * c - xp * s : xp * s + xe * c;
-}
-
-Status run_op(RopeOp op, const RopeArgs& a) {
-  switch (op) {
-    case RopeOp::apply: return kvfuse::ref::rope_apply(a);
-    case RopeOp::inverse: return kvfuse::ref::rope_inverse(a);
-    case RopeOp::shift: return kvfuse::ref::rope_shift(a);
-  }
-  return Status::unsupported;
 }
 
 void fill_theta(RopeArgs& a, double base) {
@@ -200,8 +140,8 @@ TEST_CASE("rope refs: every dtype x pairing x head_dim x NHD/HND x in/out of pla
                                                           n, heads, d);
                 const auto in_bytes = static_cast<std::size_t>(layers * a.in_strides.layer * size);
                 const auto out_bytes = static_cast<std::size_t>(layers * a.out_strides.layer * size);
-                Buffer in(in_bytes);
-                Buffer out(out_bytes);
+                AlignedBuffer in(in_bytes, sentinel);
+                AlignedBuffer out(out_bytes, sentinel);
                 a.in = in.data();
                 a.out = in_place ? in.data() : out.data();
 
@@ -219,7 +159,7 @@ TEST_CASE("rope refs: every dtype x pairing x head_dim x NHD/HND x in/out of pla
                       for (std::int64_t e = 0; e < d; ++e) store(dtype, in.data(), offset(a.in_strides, l, t, h) + e, value(rng));
                 const std::vector<std::uint8_t> in_before(in.bytes(), in.bytes() + in.size());
 
-                REQUIRE(run_op(op, a) == Status::success);
+                REQUIRE(run_ref(op, a) == Status::success);
 
                 double worst = 0;  // largest error over its tolerance
                 std::vector<double> x(static_cast<std::size_t>(d));
@@ -280,7 +220,7 @@ PropertyErrors property_errors(DType dtype, RopePairing pairing, std::int64_t d,
   a.in_strides = a.out_strides = kvfuse::rope_nhd_strides(n, heads, d);
   fill_theta(a, 500000.0);
   const auto count = static_cast<std::size_t>(n * heads * d);
-  Buffer original(count * static_cast<std::size_t>(size));
+  AlignedBuffer original(count * static_cast<std::size_t>(size), sentinel);
   std::uniform_real_distribution<float> value(-4.0f, 4.0f);
   for (std::size_t i = 0; i < count; ++i) store(dtype, original.data(), static_cast<std::int64_t>(i), value(rng));
   std::uniform_int_distribution<std::int32_t> position(0, 131072);
@@ -309,7 +249,7 @@ PropertyErrors property_errors(DType dtype, RopePairing pairing, std::int64_t d,
   };
 
   PropertyErrors errors;
-  Buffer x(count * static_cast<std::size_t>(size));
+  AlignedBuffer x(count * static_cast<std::size_t>(size), sentinel);
   std::memcpy(x.data(), original.data(), x.size());
   a.in = a.out = x.data();
   a.positions = old_pos.data();
@@ -322,7 +262,7 @@ PropertyErrors property_errors(DType dtype, RopePairing pairing, std::int64_t d,
   a.new_positions = new_pos.data();
   REQUIRE(kvfuse::ref::rope_shift(a) == Status::success);  // old -> new in one rotation
   a.new_positions = nullptr;
-  Buffer direct(count * static_cast<std::size_t>(size));
+  AlignedBuffer direct(count * static_cast<std::size_t>(size), sentinel);
   std::memcpy(direct.data(), original.data(), direct.size());
   a.in = a.out = direct.data();
   a.positions = new_pos.data();
@@ -367,7 +307,7 @@ TEST_CASE("rope refs: the fp32-angle reference agrees with the double-angle deta
       std::vector<std::int32_t> positions(static_cast<std::size_t>(n));
       for (std::int64_t t = 0; t < n; ++t) positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
       a.positions = positions.data();
-      Buffer x(static_cast<std::size_t>(n * d) * 4);
+      AlignedBuffer x(static_cast<std::size_t>(n * d) * 4, sentinel);
       auto* xf = static_cast<float*>(x.data());
       for (std::int64_t i = 0; i < n * d; ++i) xf[i] = value(rng);
       std::vector<float> y(xf, xf + n * d);
@@ -473,7 +413,7 @@ TEST_CASE("rope refs: a fused QKV row rotates Q and K in one call and leaves V a
   a.num_heads = hq + hkv;
   a.in_strides = a.out_strides = RopeStrides{row, d, 0};
   fill_theta(a, 10000.0);
-  Buffer qkv(static_cast<std::size_t>(n * row) * 4);
+  AlignedBuffer qkv(static_cast<std::size_t>(n * row) * 4, sentinel);
   auto* x = static_cast<float*>(qkv.data());
   for (std::int64_t i = 0; i < n * row; ++i) x[i] = static_cast<float>(i % 17) * 0.125f - 1.0f;
   const std::vector<float> before(x, x + n * row);
@@ -496,7 +436,7 @@ TEST_CASE("rope refs: a fused QKV row rotates Q and K in one call and leaves V a
 namespace {
 
 // A valid in-place bf16 NHD call on `buffer` (n tokens, 2 heads, d 128) to break one field at a time.
-RopeArgs valid_args(Buffer& buffer, const std::int32_t* positions, std::int64_t n) {
+RopeArgs valid_args(AlignedBuffer& buffer, const std::int32_t* positions, std::int64_t n) {
   RopeArgs a;
   a.dtype = DType::bf16;
   a.pairing = RopePairing::interleaved;
@@ -511,7 +451,7 @@ RopeArgs valid_args(Buffer& buffer, const std::int32_t* positions, std::int64_t 
 }
 
 // Runs every op on `a` and checks that each refuses with `status`, names `needle`, and writes nothing.
-void check_refused(const RopeArgs& a, Status status, const std::string& needle, const Buffer& buffer,
+void check_refused(const RopeArgs& a, Status status, const std::string& needle, const AlignedBuffer& buffer,
                    bool shift_only = false) {
   const std::vector<std::uint8_t> before(buffer.bytes(), buffer.bytes() + buffer.size());
   for (RopeOp op : {RopeOp::apply, RopeOp::inverse, RopeOp::shift}) {
@@ -520,7 +460,7 @@ void check_refused(const RopeArgs& a, Status status, const std::string& needle, 
     RopeArgs b = a;
     if (op == RopeOp::shift && b.new_positions == nullptr) b.new_positions = b.positions;
     if (op != RopeOp::shift) b.new_positions = nullptr;
-    CHECK(run_op(op, b) == status);
+    CHECK(run_ref(op, b) == status);
     CHECK(message_has(needle));
     CHECK(std::memcmp(buffer.bytes(), before.data(), buffer.size()) == 0);
   }
@@ -530,7 +470,7 @@ void check_refused(const RopeArgs& a, Status status, const std::string& needle, 
 
 TEST_CASE("rope refs: refusals name the bad value and write nothing") {
   const std::int64_t n = 4;
-  Buffer buffer(static_cast<std::size_t>(n * 2 * 128 * 2 + 64));
+  AlignedBuffer buffer(static_cast<std::size_t>(n * 2 * 128 * 2 + 64), sentinel);
   std::int32_t positions[] = {0, 1, 2, 3};
   const RopeArgs good = valid_args(buffer, positions, n);
   REQUIRE(kvfuse::ref::rope_apply(good) == Status::success);

@@ -198,9 +198,12 @@ __device__ AttnTile attn_tile(const AttnParams<T>& p, int* s_reduce) {
   AttnTile tile;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  tile.q0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kAttnBlockM;  // largest positions first (if sorted)
+  // blockIdx.x = (tiles counted from the last) * Hq + head: the head varies fastest, so the blocks of the
+  // largest positions (the longest KV loops, if the queries are sorted) start first across all heads.
+  const int q_tiles = (p.num_queries + kAttnBlockM - 1) / kAttnBlockM;
+  tile.head = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.num_q_heads));
+  tile.q0 = (q_tiles - 1 - static_cast<int>(blockIdx.x / static_cast<unsigned>(p.num_q_heads))) * kAttnBlockM;
   tile.rows = min(kAttnBlockM, p.num_queries - tile.q0);
-  tile.head = static_cast<int>(blockIdx.y);
   tile.kv_head = tile.head / p.group;
   tile.row0 = warp * 16 + lane / 4;
   // Rows past the end of the queries take the last query's position: they are computed, never stored.
@@ -603,9 +606,9 @@ enum class AttnKernel { attention, combine, mass };
 // One launch of one kernel of (T, D); sets the dynamic shared memory limit where it needs one.
 template <class T, int D>
 Status launch_attention_kernel(AttnKernel which, const AttnParams<T>& params, int splits, cudaStream_t stream) {
-  const int q_tiles = (params.num_queries + kAttnBlockM - 1) / kAttnBlockM;  // no overflow: S <= 2^30
-  const dim3 grid(static_cast<unsigned>(q_tiles), static_cast<unsigned>(params.num_q_heads),
-                  static_cast<unsigned>(splits));
+  // One block per (query tile, head): q_tiles * Hq < 2^31 (validated by the launcher).
+  const std::int64_t q_tiles = (params.num_queries + kAttnBlockM - 1) / kAttnBlockM;
+  const dim3 grid(static_cast<unsigned>(q_tiles * params.num_q_heads), 1u, static_cast<unsigned>(splits));
   if (which == AttnKernel::attention) {
     constexpr int bytes = attn_smem_bytes<D>(4);
     if (const Status s = from_cuda(cudaFuncSetAttribute(sparse_attention_kernel<T, D>,
@@ -696,8 +699,10 @@ inline Status check_kernel_support(const SparseAttentionArgs& a) noexcept {
   if (a.num_queries > (std::int64_t{1} << 30) || a.num_keys > (std::int64_t{1} << 30))
     return refuse(Status::unsupported, "sparse_attention: %lld queries or %lld keys exceed the kernel's 2^30",
                   static_cast<long long>(a.num_queries), static_cast<long long>(a.num_keys));
-  if (a.num_q_heads > 65535)
-    return refuse(Status::unsupported, "sparse_attention: num_q_heads %lld exceeds the grid limit 65535",
+  if ((a.num_queries + kAttnBlockM - 1) / kAttnBlockM * a.num_q_heads > std::int64_t{0x7fffffff})
+    return refuse(Status::unsupported,
+                  "sparse_attention: %lld query tiles x %lld heads exceed the grid limit 2^31 - 1 blocks",
+                  static_cast<long long>((a.num_queries + kAttnBlockM - 1) / kAttnBlockM),
                   static_cast<long long>(a.num_q_heads));
   const struct {
     const char* name;
