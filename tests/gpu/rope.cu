@@ -13,7 +13,7 @@
 #include "harness.cuh"
 #include "kvfuse/cuda/rope.cuh"
 #include "kvfuse/ref/rope.hpp"
-#include "support/rope_test_util.hpp"
+#include "../support/rope_test_util.hpp"
 
 using kvfuse::DType;
 using kvfuse::Status;

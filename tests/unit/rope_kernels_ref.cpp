@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "support/rope_test_util.hpp"
+#include "../support/rope_test_util.hpp"
 
 using kvfuse::DType;
 using kvfuse::Status;
