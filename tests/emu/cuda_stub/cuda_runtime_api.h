@@ -6,6 +6,7 @@
 
 using cudaError_t = int;
 inline constexpr cudaError_t cudaSuccess = 0;
+inline constexpr cudaError_t cudaErrorInvalidValue = 1;
 using cudaStream_t = void*;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount };

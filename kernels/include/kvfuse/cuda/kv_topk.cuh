@@ -350,8 +350,8 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
 
 // Baseline: the same selection by a full sort -- cub::DeviceRadixSort::SortPairsDescending of (score, index)
 // (stable, so equal scores keep the lower index first), the first k indices, sorted ascending by
-// cub::DeviceRadixSort::SortKeys. Equals top_k_tokens for scores without NaN or -0.0 (CUB orders -0.0 below
-// +0.0 and a negative NaN below -inf).
+// cub::DeviceRadixSort::SortKeys. Equals top_k_tokens for scores without NaN (CUB orders a negative NaN below
+// -inf; like top_k_tokens, it sorts -0.0 as +0.0: ProcessFloatMinusZero in cub/block/radix_rank_sort_operations.cuh).
 [[nodiscard]] inline Status top_k_tokens_by_sort(const kvfuse::TopKArgs& args, void* workspace,
                                                  std::size_t workspace_bytes, cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
