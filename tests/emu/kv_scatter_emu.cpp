@@ -75,6 +75,36 @@ void fail(const Case& c, const char* what, std::int64_t at) {
       static_cast<long long>(at));
 }
 
+// Checks one operation ("scatter" or "gather"): both statuses success, and the written K and V buffers equal
+// the rows expected from the address loop and the reference's, byte for byte. Reports the first failure.
+bool outcome_ok(const Case& c, const std::string& op, Status kernel, Status reference, const Buffer& got_k,
+                const Buffer& got_v, const Buffer& want_k, const Buffer& want_v, const Buffer& ref_k,
+                const Buffer& ref_v, int size) {
+  if (kernel != Status::success || reference != Status::success) {
+    fail(c,
+         (op + " status kernel " + kvfuse::status_string(kernel) + ", reference " + kvfuse::status_string(reference) +
+          ": " + kvfuse::last_status_message())
+             .c_str(),
+         -1);
+    return false;
+  }
+  const struct {
+    const Buffer& got;
+    const Buffer& want;
+    const char* what;
+  } checks[] = {{got_k, want_k, " K differs from the expected rows"},
+                {got_v, want_v, " V differs from the expected rows"},
+                {got_k, ref_k, " K differs from kvfuse::ref"},
+                {got_v, ref_v, " V differs from kvfuse::ref"}};
+  for (const auto& check : checks) {
+    if (const auto at = first_difference(check.got, check.want, size); at >= 0) {
+      fail(c, (op + check.what).c_str(), at);
+      return false;
+    }
+  }
+  return true;
+}
+
 void run(const Case& c) {
   ++runs;
   const int size = kvfuse::dtype_size(c.dtype);
@@ -162,24 +192,9 @@ void run(const Case& c) {
   kvfuse::KVScatterArgs r = s;
   r.cache_k = at(ref_k);
   r.cache_v = c.with_v ? at(ref_v) : nullptr;
-  const Status kernel_status = kvfuse::cuda::kv_scatter(s);
-  const Status ref_status = kvfuse::ref::kv_scatter(r);
-  if (kernel_status != Status::success || ref_status != Status::success) {
-    fail(c,
-         (std::string("scatter status kernel ") + kvfuse::status_string(kernel_status) + ", reference " +
-          kvfuse::status_string(ref_status) + ": " + kvfuse::last_status_message())
-             .c_str(),
-         -1);
+  if (!outcome_ok(c, "scatter", kvfuse::cuda::kv_scatter(s), kvfuse::ref::kv_scatter(r), cache_k, cache_v, want_k,
+                  want_v, ref_k, ref_v, size))
     return;
-  }
-  if (const auto k = first_difference(cache_k, want_k, size); k >= 0)
-    return fail(c, "scatter K differs from the expected cache", k);
-  if (const auto v = first_difference(cache_v, want_v, size); v >= 0)
-    return fail(c, "scatter V differs from the expected cache", v);
-  if (const auto k = first_difference(cache_k, ref_k, size); k >= 0)
-    return fail(c, "scatter K differs from kvfuse::ref", k);
-  if (const auto v = first_difference(cache_v, ref_v, size); v >= 0)
-    return fail(c, "scatter V differs from kvfuse::ref", v);
 
   // Gather from the updated cache into poisoned compact buffers.
   Buffer dst_k(compact_bytes), dst_v(compact_bytes);
@@ -210,24 +225,8 @@ void run(const Case& c) {
   kvfuse::KVGatherArgs gr = g;
   gr.dst_k = at(gref_k);
   gr.dst_v = c.with_v ? at(gref_v) : nullptr;
-  const Status gather_status = kvfuse::cuda::kv_gather(g);
-  const Status gather_ref_status = kvfuse::ref::kv_gather(gr);
-  if (gather_status != Status::success || gather_ref_status != Status::success) {
-    fail(c,
-         (std::string("gather status kernel ") + kvfuse::status_string(gather_status) + ", reference " +
-          kvfuse::status_string(gather_ref_status) + ": " + kvfuse::last_status_message())
-             .c_str(),
-         -1);
-    return;
-  }
-  if (const auto k = first_difference(dst_k, gwant_k, size); k >= 0)
-    return fail(c, "gather K differs from the expected rows", k);
-  if (const auto v = first_difference(dst_v, gwant_v, size); v >= 0)
-    return fail(c, "gather V differs from the expected rows", v);
-  if (const auto k = first_difference(dst_k, gref_k, size); k >= 0)
-    return fail(c, "gather K differs from kvfuse::ref", k);
-  if (const auto v = first_difference(dst_v, gref_v, size); v >= 0)
-    return fail(c, "gather V differs from kvfuse::ref", v);
+  outcome_ok(c, "gather", kvfuse::cuda::kv_gather(g), kvfuse::ref::kv_gather(gr), dst_k, dst_v, gwant_k, gwant_v,
+             gref_k, gref_v, size);
 }
 
 }  // namespace
