@@ -18,10 +18,7 @@
 #include <cstdint>
 
 #include "kvfuse/core/config.hpp"
-
-#if !defined(__CUDA_ARCH__)
-#include <bit>
-#endif
+#include "kvfuse/core/dtype.hpp"
 
 namespace kvfuse::detail {
 
@@ -113,14 +110,6 @@ KVFUSE_HOST_DEVICE GGMLTypeTraits ggml_type_traits(std::uint32_t type) {
   return {nullptr, 0, 0, false};
 }
 
-KVFUSE_HOST_DEVICE float bits_to_float(std::uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  return std::bit_cast<float>(bits);
-#endif
-}
-
 // Little-endian loads from raw bytes.
 KVFUSE_HOST_DEVICE std::uint16_t load_u16le(const std::uint8_t* p) {
   return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
@@ -130,26 +119,12 @@ KVFUSE_HOST_DEVICE std::uint32_t load_u32le(const std::uint8_t* p) {
          (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
 }
 
-// IEEE 754 binary16 -> binary32, exact for every input: normals, subnormals (rescaled to fp32 normals),
-// signed zeros, infinities, and NaNs (payload kept in the top mantissa bits).
-KVFUSE_HOST_DEVICE float fp16_to_fp32(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  std::uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1fu) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));            // inf / NaN
-  if (exponent != 0) return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));  // 127 - 15
-  if (mantissa == 0) return bits_to_float(sign);                                                 // +-0
-  // Subnormal: value = mantissa * 2^-24; shift the leading 1 up to bit 10 and lower the exponent to match.
-  std::uint32_t e = 113;  // fp32 exponent of 2^-14, the scale of mantissa bit 10
-  while ((mantissa & 0x400u) == 0) {
-    mantissa <<= 1;
-    --e;
-  }
-  return bits_to_float(sign | (e << 23) | ((mantissa & 0x3ffu) << 13));
-}
+// IEEE 754 binary16 -> binary32, exact for every input (normals, subnormals, signed zeros, infinities, NaNs
+// with their payload): the storage conversion the kernels use (core/dtype.hpp).
+KVFUSE_HOST_DEVICE float fp16_to_fp32(std::uint16_t h) { return kvfuse::to_float(kvfuse::f16{h}); }
 
 // bfloat16 -> binary32: the top half of the fp32 bit pattern (ggml GGML_BF16_TO_FP32).
-KVFUSE_HOST_DEVICE float bf16_to_fp32(std::uint16_t h) { return bits_to_float(static_cast<std::uint32_t>(h) << 16); }
+KVFUSE_HOST_DEVICE float bf16_to_fp32(std::uint16_t h) { return kvfuse::to_float(kvfuse::bf16{h}); }
 
 KVFUSE_HOST_DEVICE float load_f16le(const std::uint8_t* p) { return fp16_to_fp32(load_u16le(p)); }
 
@@ -165,7 +140,7 @@ KVFUSE_HOST_DEVICE float mul_add_rn(float a, float b, float c) {
 // ---------------------------------------------------------------- one block -> block_size floats
 // `x` points at one block (type_size bytes), `y` receives block_size floats.
 
-KVFUSE_HOST_DEVICE void dequantize_block_f32(const std::uint8_t* x, float* y) { y[0] = bits_to_float(load_u32le(x)); }
+KVFUSE_HOST_DEVICE void dequantize_block_f32(const std::uint8_t* x, float* y) { y[0] = bits_float(load_u32le(x)); }
 KVFUSE_HOST_DEVICE void dequantize_block_f16(const std::uint8_t* x, float* y) { y[0] = load_f16le(x); }
 KVFUSE_HOST_DEVICE void dequantize_block_bf16(const std::uint8_t* x, float* y) { y[0] = bf16_to_fp32(load_u16le(x)); }
 

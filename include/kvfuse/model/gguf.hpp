@@ -271,7 +271,7 @@ class GGUFCursor {
 template <class T>
 T gguf_load_scalar(const std::uint8_t* p) {
   if constexpr (std::is_same_v<T, float>) {
-    return bits_to_float(load_u32le(p));
+    return bits_float(load_u32le(p));
   } else if constexpr (std::is_same_v<T, double>) {
     const std::uint64_t bits =
         static_cast<std::uint64_t>(load_u32le(p)) | (static_cast<std::uint64_t>(load_u32le(p + 4)) << 32);
