@@ -272,6 +272,20 @@ __device__ __forceinline__ void load_q_fragments(std::uint32_t (&qf)[D / 16][4],
   }
 }
 
+// The start both kernels share: the tile's Q and its first K (and V, unless s_v is null) tile in flight,
+// then Q in registers once it has landed (the first KV tile may still be in flight: the caller's loop waits).
+template <class T, int D>
+__device__ __forceinline__ void attn_start(const AttnParams<T>& p, const AttnTile& tile, T* s_q, T* s_k, T* s_v,
+                                           std::int32_t* s_pos, std::uint32_t (&qf)[D / 16][4]) {
+  load_tile_async<T, D>(s_q, p.q + tile.q0 * p.q_ts + tile.head * p.q_hs, p.q_ts, tile.rows);
+  cp_async_commit();
+  if (tile.kt_begin < tile.kt_end) load_kv_async<T, D>(p, tile, tile.kt_begin, s_k, s_v, s_pos);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q has landed (tile 0 may still be in flight)
+  __syncthreads();
+  load_q_fragments<D>(qf, s_q);
+}
+
 // s = Q K^T for this warp's 16 rows and the 64 keys of the tile in `s_k`: s[n] is the C fragment of keys
 // 8n..8n+7. B = K^T is "col" (k = d, n = key): b0 = K[key g][d 2t, 2t+1], i.e. rows of K, no transpose.
 template <class T, int D>
@@ -332,14 +346,8 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_kernel(const At
   const int lane = threadIdx.x % 32;
   const int t = lane % 4;
 
-  load_tile_async<T, D>(s_q, p.q + tile.q0 * p.q_ts + tile.head * p.q_hs, p.q_ts, tile.rows);
-  cp_async_commit();
-  if (tile.kt_begin < tile.kt_end) load_kv_async<T, D>(p, tile, tile.kt_begin, s_k, s_v, s_pos);
-  cp_async_commit();
-  cp_async_wait<1>();  // Q has landed (tile 0 may still be in flight)
-  __syncthreads();
   std::uint32_t qf[D / 16][4];
-  load_q_fragments<D>(qf, s_q);
+  attn_start<T, D>(p, tile, s_q, s_k, s_v, s_pos, qf);
 
   float o[D / 8][4];  // C fragments of the output: o[n] holds d columns 8n..8n+7
 #pragma unroll
@@ -503,14 +511,8 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(con
   const int lane = threadIdx.x % 32;
   const int t = lane % 4;
 
-  load_tile_async<T, D>(s_q, p.q + tile.q0 * p.q_ts + tile.head * p.q_hs, p.q_ts, tile.rows);
-  cp_async_commit();
-  if (tile.kt_begin < tile.kt_end) load_kv_async<T, D>(p, tile, tile.kt_begin, s_k, nullptr, s_pos);
-  cp_async_commit();
-  cp_async_wait<1>();
-  __syncthreads();
   std::uint32_t qf[D / 16][4];
-  load_q_fragments<D>(qf, s_q);
+  attn_start<T, D>(p, tile, s_q, s_k, nullptr, s_pos, qf);
 
   const bool store0 = tile.row0 < tile.rows;
   const bool store1 = tile.row0 + 8 < tile.rows;
