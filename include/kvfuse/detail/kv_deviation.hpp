@@ -27,24 +27,9 @@
 
 namespace kvfuse::detail {
 
-// Delta_kv(KV_i, KV_i^full)[j] for one token (CacheBlend section 4.1), taken as the squared L2 norm of
-// (recomputed - cached) over the token's num_heads * head_dim values; `recomputed_row` and `cached_row`
-// point at the first value of the token's row.
-KVFUSE_HOST_DEVICE float kv_row_deviation(const float* recomputed_row, const float* cached_row, std::int64_t num_heads,
-                                          std::int64_t head_dim) {
-  float sum = 0.0f;
-  const std::int64_t width = num_heads * head_dim;
-  for (std::int64_t e = 0; e < width; ++e) {
-    const float d = recomputed_row[e] - cached_row[e];
-    sum += d * d;
-  }
-  return sum;
-}
-
 // sum + sum_{e < count} (recomputed[e] - cached[e])^2: the deviation of `count` consecutive values of one
 // head added to a running fp32 sum, in order. T is the storage type (float, f16 or bf16), widened exactly to
-// fp32 before the subtraction. Summing the heads of a token in order from 0 gives kv_row_deviation bit for
-// bit on fp32 rows whose heads are contiguous.
+// fp32 before the subtraction. kv_row_deviation is its sum over a whole fp32 row.
 template <class T>
 KVFUSE_HOST_DEVICE float kv_accumulate_deviation(float sum, const T* recomputed, const T* cached,
                                                  std::int64_t count) {
@@ -53,6 +38,14 @@ KVFUSE_HOST_DEVICE float kv_accumulate_deviation(float sum, const T* recomputed,
     sum += d * d;
   }
   return sum;
+}
+
+// Delta_kv(KV_i, KV_i^full)[j] for one token (CacheBlend section 4.1), taken as the squared L2 norm of
+// (recomputed - cached) over the token's num_heads * head_dim values; `recomputed_row` and `cached_row`
+// point at the first value of the token's row.
+KVFUSE_HOST_DEVICE float kv_row_deviation(const float* recomputed_row, const float* cached_row, std::int64_t num_heads,
+                                          std::int64_t head_dim) {
+  return kv_accumulate_deviation(0.0f, recomputed_row, cached_row, num_heads * head_dim);
 }
 
 // kv_row_deviation of token row `row` of two [rows, row_stride] matrices (the recomputed and the cached

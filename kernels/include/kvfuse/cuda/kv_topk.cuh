@@ -44,12 +44,6 @@ namespace detail::topk {
 // ---------------------------------------------------------------------------------------------------------
 // Deviation
 
-__device__ __forceinline__ float load_float(float v) { return v; }
-__device__ __forceinline__ float load_float(kvfuse::bf16 v) {
-  return __uint_as_float(static_cast<unsigned>(v.bits) << 16);
-}
-__device__ __forceinline__ float load_float(kvfuse::f16 v) { return __half2float(__ushort_as_half(v.bits)); }
-
 // The two values of a 32-bit word of T (two f16 or bf16), or the one float.
 __device__ __forceinline__ float word_deviation(unsigned x, unsigned y, float) {
   const float d = __uint_as_float(x) - __uint_as_float(y);
@@ -104,7 +98,7 @@ __global__ void __launch_bounds__(deviation_threads) kv_deviation_kernel(kvfuse:
       for (int j = lane; j < total; j += 32) {
         const int h = j / dim;
         const int e = j - h * dim;
-        const float d = load_float(r[h * a.recomputed_head_stride + e]) - load_float(c[h * a.cached_head_stride + e]);
+        const float d = kvfuse::to_float(r[h * a.recomputed_head_stride + e]) - kvfuse::to_float(c[h * a.cached_head_stride + e]);
         sum += d * d;
       }
     }
