@@ -27,12 +27,15 @@ class KvfuseConan(ConanFile):
     no_copy_source = True
 
     def set_version(self):
-        # The version lives in CMakeLists.txt only: `project(kvfuse VERSION x.y.z`.
-        cmakelists = load(self, os.path.join(self.recipe_folder, "CMakeLists.txt"))
-        match = re.search(r"project\(\s*kvfuse\s+VERSION\s+(\d+\.\d+\.\d+)", cmakelists)
-        if not match:
-            raise ConanException("kvfuse: no `project(kvfuse VERSION x.y.z` line in CMakeLists.txt")
-        self.version = match.group(1)
+        # The version is defined once: the KVFUSE_VERSION_* macros of include/kvfuse/core/config.hpp.
+        config = load(self, os.path.join(self.recipe_folder, "include", "kvfuse", "core", "config.hpp"))
+        parts = []
+        for part in ("MAJOR", "MINOR", "PATCH"):
+            match = re.search(r"^#define KVFUSE_VERSION_%s (\d+)$" % part, config, re.MULTILINE)
+            if not match:
+                raise ConanException("kvfuse: no `#define KVFUSE_VERSION_%s N` in include/kvfuse/core/config.hpp" % part)
+            parts.append(match.group(1))
+        self.version = ".".join(parts)
 
     def layout(self):
         cmake_layout(self)

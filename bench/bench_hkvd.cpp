@@ -7,7 +7,6 @@
 #include <cstring>
 #include <vector>
 
-#include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
 namespace {
@@ -44,7 +43,7 @@ Layer make_layer(std::int64_t n) {
   }
   kvfuse::TokenSet current = selector.initial();  // check layer 1 sees every token
   std::vector<float> deviation(current.size());
-  kvfuse::detail::kv_deviation(recomputed, cached, kWidth, kKVHeads, kHeadDim, current, deviation);
+  kvfuse::kv_deviation(recomputed, cached, kWidth, kKVHeads, kHeadDim, current, deviation);
   return {selector, std::move(cached), std::move(recomputed), std::move(current), std::move(deviation)};
 }
 
@@ -57,7 +56,7 @@ void set_counters(benchmark::State& state, std::int64_t n) {
 void BM_HKVDSelectStep(benchmark::State& state) {
   Layer l = make_layer(state.range(0));
   for (auto _ : state) {
-    kvfuse::detail::kv_deviation(l.recomputed, l.cached, kWidth, kKVHeads, kHeadDim, l.current, l.deviation);
+    kvfuse::kv_deviation(l.recomputed, l.cached, kWidth, kKVHeads, kHeadDim, l.current, l.deviation);
     kvfuse::TokenSet next = l.selector.select(1, l.current, l.deviation);
     benchmark::DoNotOptimize(next.data());
     benchmark::ClobberMemory();

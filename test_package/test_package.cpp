@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kvfuse/kvfuse.hpp"
+#include "kvfuse/stores.hpp"
 
 int main() {
   const auto layout = kvfuse::PromptLayout::from_lengths({4, 4}, 3);

@@ -13,7 +13,7 @@
 
 namespace {
 
-using kvfuse::detail::RopePairing;
+using kvfuse::RopePairing;
 using kvfuse::RopeArgs;
 
 void require(kvfuse::Status s, const char* what) {

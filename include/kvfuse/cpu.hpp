@@ -1,9 +1,12 @@
 #pragma once
 // Umbrella header of kvfuse::cpu: real models on the CPU — GGUF files, the byte-level BPE tokenizer and
 // chat / RAG prompt layout, the Eigen reference Llama backend, and FusionPipeline (every reuse method run on
-// that backend). Needs Eigen 3.4 and PCRE2 (link kvfuse::cpu). The policies alone need only kvfuse/kvfuse.hpp.
+// that backend), with the stores and metrics it is used with. Needs Eigen 3.4 and PCRE2 (link kvfuse::cpu).
+// The policies alone need only kvfuse/kvfuse.hpp.
 
+#include "kvfuse/eval.hpp"
 #include "kvfuse/kvfuse.hpp"
+#include "kvfuse/stores.hpp"
 
 #include "kvfuse/model/gguf.hpp"
 #include "kvfuse/model/tokenizer.hpp"

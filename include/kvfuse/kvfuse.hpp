@@ -1,18 +1,26 @@
 #pragma once
-// Umbrella header: everything host-side in kvfuse (no CUDA needed).
+// Umbrella header of kvfuse's policies: what an engine needs to plan KV reuse (host C++20, no CUDA, no
+// file I/O, no threads, no CPU reference kernels). Policies take plain data and return plain-data plans;
+// the engine's backends (backend/concepts.hpp) execute them.
+//
+// The other umbrella headers, each for what it names:
+//   kvfuse/stores.hpp      KVStore models: InMemoryKVStore, DiskKVStore (POSIX files), TieredKVStore
+//   kvfuse/runtime.hpp     policies run on real threads: run_threaded (Cake's loader, two threads)
+//   kvfuse/simulation.hpp  SimulatedCompute / SimulatedStore: cost-modelled backends in virtual time
+//   kvfuse/eval.hpp        quality metrics against full prefill and gold answers (KL, ROUGE-L, F1)
+//   kvfuse/ref.hpp         the CUDA kernels' argument structs and CPU references (launchers: kvfuse/cuda.cuh)
+//   kvfuse/cpu.hpp         the reference CPU backend: GGUF models, tokenizer, Eigen Llama, FusionPipeline
 
 #include "kvfuse/core/config.hpp"
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/rope.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/core/types.hpp"
 
 #include "kvfuse/backend/concepts.hpp"
-#include "kvfuse/backend/disk_kv_store.hpp"
-#include "kvfuse/backend/in_memory_store.hpp"
-#include "kvfuse/backend/simulated.hpp"
-#include "kvfuse/backend/tiered_kv_store.hpp"
 
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/loading_controller.hpp"
@@ -26,13 +34,6 @@
 
 #include "kvfuse/cache/variant_cache.hpp"
 
-#include "kvfuse/eval/metrics.hpp"
-#include "kvfuse/fusion/fusion_method.hpp"
-
 #include "kvfuse/split/kv_split.hpp"
 
-// The CUDA kernels' argument structs and CPU references (the launchers: kvfuse/cuda.cuh).
-#include "kvfuse/ref/kv_scatter.hpp"
-#include "kvfuse/ref/kv_topk.hpp"
-#include "kvfuse/ref/rope.hpp"
-#include "kvfuse/ref/sparse_attention.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"

@@ -252,7 +252,7 @@ void run_topk(const std::vector<float>& scores, std::int64_t k, int kind, bool b
       return;
     if (k > 0) {
       long long count = 0;
-      std::memcpy(&count, ws.data + kvfuse::cuda::detail::topk::state_bytes + kvfuse::cuda::detail::topk::hist_bytes,
+      std::memcpy(&count, ws.data + kvfuse::cuda::impl::topk::state_bytes + kvfuse::cuda::impl::topk::hist_bytes,
                   sizeof count);
       if (count != k) {
         report_topk("top_k_tokens", n, k, kind, "the compaction's selected count is not k");
@@ -360,8 +360,8 @@ int main() {
     run_topk(make_scores(n, 1), kvfuse::top_k_count(0.15, n), 1, false);
   }
   check_refusals();
-  const long long radix = emu::launches_by_kernel["detail::topk::radix_pass_kernel<detail::topk::radix_threads>"];
-  const long long iota = emu::launches_by_kernel["detail::topk::iota_kernel"];
+  const long long radix = emu::launches_by_kernel["impl::topk::radix_pass_kernel<impl::topk::radix_threads>"];
+  const long long iota = emu::launches_by_kernel["impl::topk::iota_kernel"];
   if (radix == 0 || iota == 0 || emu::cub_calls == 0) {
     ++failures;
     std::printf("FAIL a kernel never ran (radix passes %lld, iota %lld, CUB calls %lld)\n", radix, iota,

@@ -84,7 +84,7 @@ KVFUSE_GPU_TEST("a partial-prefill step composed of the kernels equals the CPU r
   freq.base = 10000.0;
   kvfuse::RopeArgs shift;
   shift.dtype = DType::bf16;
-  shift.pairing = kvfuse::detail::RopePairing::half_split;
+  shift.pairing = kvfuse::RopePairing::half_split;
   shift.head_dim = d;
   shift.num_tokens = n;
   shift.num_heads = hkv;

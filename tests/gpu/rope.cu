@@ -17,7 +17,7 @@
 
 using kvfuse::DType;
 using kvfuse::Status;
-using kvfuse::detail::RopePairing;
+using kvfuse::RopePairing;
 using kvfuse::gpu_test::DeviceBuffer;
 using kvfuse::gpu_test::rng;
 using kvfuse::RopeArgs;

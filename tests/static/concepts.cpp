@@ -1,9 +1,9 @@
-// Static tests: every backend model satisfies its concept, near-misses are rejected, and the umbrella
-// header compiles on its own. Building this file is the test.
+// Static tests: every backend model satisfies its concept, near-misses are rejected, the loader's drivers
+// instantiate for the models, and the umbrella headers compile. Building this file is the test.
 #include "kvfuse/kvfuse.hpp"
-
-#include "kvfuse/backend/disk_kv_store.hpp"
-#include "kvfuse/backend/tiered_kv_store.hpp"
+#include "kvfuse/runtime.hpp"
+#include "kvfuse/simulation.hpp"
+#include "kvfuse/stores.hpp"
 
 namespace {
 
@@ -63,9 +63,26 @@ static_assert(!kvfuse::KVStore<StoreWithoutErase>);
 static_assert(!kvfuse::KVStore<kvfuse::SimulatedCompute>);
 static_assert(!kvfuse::ComputeBackend<kvfuse::InMemoryKVStore>);
 
-// The loader accepts any pair of models: real threads for plain models, virtual time for cost-modelled ones.
-static_assert(sizeof(kvfuse::BidirectionalLoader<MinimalCompute, MinimalStore>) > 0);
-static_assert(sizeof(kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>) > 0);
+// The loader accepts any pair of models: run_threaded (real threads) for every pair, BidirectionalLoader::run
+// (virtual time) only when both model their costs. The explicit instantiations compile every member and the
+// whole threaded driver for these pairs; the concept checks say which run() exists.
+template class kvfuse::BidirectionalLoader<MinimalCompute, MinimalStore>;
+template class kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::SimulatedStore>;
+template kvfuse::LoaderTrace kvfuse::run_threaded(const kvfuse::BidirectionalLoader<MinimalCompute, MinimalStore>&,
+                                                  MinimalCompute&, MinimalStore&, std::span<const kvfuse::token_id>);
+template kvfuse::LoaderTrace kvfuse::run_threaded(
+    const kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>&, kvfuse::SimulatedCompute&,
+    kvfuse::InMemoryKVStore&, std::span<const kvfuse::token_id>);
+
+template <class Loader, class Compute, class Store>
+concept VirtualTimeRun = requires(const Loader& l, Compute& c, Store& s, std::span<const kvfuse::token_id> t) {
+  { l.run(c, s, t) } -> std::same_as<kvfuse::LoaderTrace>;
+};
+static_assert(VirtualTimeRun<kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::SimulatedStore>,
+                             kvfuse::SimulatedCompute, kvfuse::SimulatedStore>);
+static_assert(!VirtualTimeRun<kvfuse::BidirectionalLoader<MinimalCompute, MinimalStore>, MinimalCompute, MinimalStore>);
+static_assert(!VirtualTimeRun<kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>,
+                              kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>);
 
 // Vocabulary types are plain values.
 static_assert(std::is_trivially_copyable_v<kvfuse::TokenRange>);

@@ -11,6 +11,7 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/simulated.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
+#include "kvfuse/schedule/threaded_loader.hpp"
 
 using namespace kvfuse;
 
@@ -70,9 +71,9 @@ TEST_CASE("Algorithm 1: compute from the front, load from the back, meet in the 
     CHECK(sim.compute.resident_prefix() == 8);
     REQUIRE(t.steps.size() == 4);
     CHECK(t.steps[0].tokens == TokenRange{0, 2});
-    CHECK(t.steps[0].source == KVSource::computed);
+    CHECK(t.steps[0].source == KVSource::compute);
     CHECK(t.steps[1].tokens == TokenRange{6, 8});
-    CHECK(t.steps[1].source == KVSource::loaded);
+    CHECK(t.steps[1].source == KVSource::prefix);
     CHECK(t.steps[3].tokens == TokenRange{4, 6});
     CHECK(t.steps[3].start_s == doctest::Approx(1.0));
   }
@@ -369,7 +370,7 @@ TEST_CASE("real threads: loaded and computed KV assemble to exactly the full pre
     PrefixHashCompute compute(tokens, std::chrono::microseconds(500));
     SlowStore store;
     fill_store(store, compute, tokens, 32, 800);  // a stored prefix of 800 tokens, the rest is new
-    const LoaderTrace t = BidirectionalLoader<PrefixHashCompute, SlowStore>({64, 32, mode}).run(compute, store, tokens);
+    const LoaderTrace t = run_threaded(BidirectionalLoader<PrefixHashCompute, SlowStore>({64, 32, mode}), compute, store, tokens);
     CHECK(t.stored_tokens == 800);
     CHECK(t.computed_tokens + t.loaded_tokens == 1000);
     CHECK(t.load_failure.empty());
@@ -386,7 +387,7 @@ TEST_CASE("real threads: a store that goes away mid-request loses nothing") {
   SlowStore store;
   fill_store(store, compute, tokens, 32, 600);
   store.fail_after = 3;
-  const LoaderTrace t = BidirectionalLoader<PrefixHashCompute, SlowStore>({64, 32}).run(compute, store, tokens);
+  const LoaderTrace t = run_threaded(BidirectionalLoader<PrefixHashCompute, SlowStore>({64, 32}), compute, store, tokens);
   CHECK(t.load_failure.find("connection reset by peer") != std::string::npos);
   CHECK(compute.kv() == compute.full_prefill());
   CHECK(t.loaded_tokens <= 3 * 32);
@@ -400,7 +401,7 @@ TEST_CASE("real threads: a stored block of the wrong size is refused, not instal
   const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, 32);
   store.put(keys.back(), KVBlock{5, std::vector<std::byte>(40)});
   const LoaderTrace t =
-      BidirectionalLoader<PrefixHashCompute, SlowStore>({64, 32, LoaderMode::load_only}).run(compute, store, tokens);
+      run_threaded(BidirectionalLoader<PrefixHashCompute, SlowStore>({64, 32, LoaderMode::load_only}), compute, store, tokens);
   CHECK(t.load_failure.find("holds 5 tokens, expected 32") != std::string::npos);
   CHECK(t.loaded_tokens == 0);
   CHECK(compute.kv() == compute.full_prefill());

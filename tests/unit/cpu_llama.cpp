@@ -828,34 +828,15 @@ TEST_CASE("LlamaConfig / LlamaWeights from a GGUF file: [ne0 = in, ne1 = out] we
         }).find("blk.2.attn_norm.weight") != std::string::npos);
 }
 
-namespace {
-// The model real-model tests run on (tests/support/model_path.hpp); empty when absent.
-std::filesystem::path real_model_path() {
-  const std::filesystem::path p = kvfuse_test::model_path();
-  return std::filesystem::exists(p) ? p : std::filesystem::path{};
-}
-}  // namespace
-
 TEST_CASE("real model: SmolLM2-135M-Instruct answers a ChatML question (Release builds with the model file)") {
-#ifdef NDEBUG
-  constexpr bool optimized = true;
-#else
-  constexpr bool optimized = false;
-#endif
-  if (!optimized) {
-    MESSAGE("skipped: Debug build (the real model takes minutes without optimization)");
-    return;
-  }
-  const std::filesystem::path path = real_model_path();
-  if (path.empty()) {
-    MESSAGE("skipped: no model file (run scripts/fetch_model.sh or set KVFUSE_MODEL)");
-    return;
-  }
+  const auto model_file = kvfuse_test::real_model(/*optimized_only=*/true);
+  if (!model_file) return;
+  const std::filesystem::path& path = *model_file;
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(path);
   const CpuLlama model = CpuLlama::from_gguf(file);
   const LlamaConfig& c = model.config();
   if (c.n_layer != 30 || c.n_embd != 576 || c.n_head != 9 || c.n_head_kv != 3 || c.n_vocab != 49152) {
-    MESSAGE("skipped: " << path.string() << " is not SmolLM2-135M");
+    kvfuse_test::skip(path.string() + " is not SmolLM2-135M");
     return;
   }
   // "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n", token ids from

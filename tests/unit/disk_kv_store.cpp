@@ -101,9 +101,9 @@ void check_block_a(const std::optional<KVBlock>& got) {
 
 }  // namespace
 
-TEST_CASE("fnv1a_bytes matches the published 64-bit FNV-1a test vectors") {
+TEST_CASE("fnv1a matches the published 64-bit FNV-1a test vectors") {
   const auto hash = [](std::string_view s) {
-    return kvfuse::detail::fnv1a_bytes(std::as_bytes(std::span(s.data(), s.size())));
+    return kvfuse::fnv1a(std::as_bytes(std::span(s.data(), s.size())));
   };
   CHECK(hash("") == 0xcbf29ce484222325ull);
   CHECK(hash("a") == 0xaf63dc4c8601ec8cull);
@@ -138,7 +138,7 @@ TEST_CASE("DiskKVStore round-trips bytes, num_tokens and first_position in the d
   std::vector<std::byte> checked(56 + 4);
   std::memcpy(checked.data(), raw.data(), 56);
   std::memcpy(checked.data() + 56, raw.data() + 64, 4);
-  CHECK(u64_at(raw, 56) == kvfuse::detail::fnv1a_bytes(checked));
+  CHECK(u64_at(raw, 56) == kvfuse::fnv1a(checked));
   CHECK(raw[64] == 0x01);
   CHECK(raw[67] == 0xfa);
 

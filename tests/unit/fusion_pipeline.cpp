@@ -1,6 +1,6 @@
 // FusionPipeline: every method through the one loop, checked against full prefill; the chunk-cache store's
 // failure modes (corrupt, foreign-model, missing entries, a store that goes away) through the real pipeline;
-// the edge cases of design.md (100 % hit with reordered chunks, the same prompt twice, empty and one-token
+// the edge cases that crashed other implementations (100 % hit with reordered chunks, the same prompt twice, empty and one-token
 // chunks). A small random-weights Llama runs everywhere; the last case runs SmolLM2 on real text (Release
 // builds with the model file).
 #include <doctest/doctest.h>
@@ -21,9 +21,11 @@
 
 #include "../support/error_of.hpp"
 #include "../support/model_path.hpp"
+#include "../support/test_util.hpp"
 
 using namespace kvfuse;
 using kvfuse_test::error_of;
+using kvfuse_test::max_abs_diff;
 namespace fs = std::filesystem;
 
 namespace {
@@ -76,13 +78,6 @@ const std::vector<token_id> kA = chunk_tokens(9, 2);
 const std::vector<token_id> kB = chunk_tokens(11, 3);
 const std::vector<token_id> kC = chunk_tokens(8, 4);
 const std::vector<token_id> kQuery = chunk_tokens(5, 5);
-
-double max_abs_diff(std::span<const float> a, std::span<const float> b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
-  return m;
-}
 
 struct TempDir {
   fs::path path;
@@ -140,7 +135,7 @@ TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r =
     }
   }
   // Full recompute loads nothing.
-  CHECK(pipeline.plan(p.tokens, p.layout, FullRecompute{}).chunks[1].source == ChunkSource::compute);
+  CHECK(pipeline.plan(p.tokens, p.layout, FullRecompute{}).chunks[1].source == KVSource::compute);
   // AttnLink with k >= every chunk recomputes all but the first chunk, whose isolated cache at position 0 is
   // exact: full prefill up to float rounding.
   const FusionResult link = pipeline.run(p.tokens, p.layout, parse_method("attnlink@64"));
@@ -164,7 +159,7 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
 
   SUBCASE("naive: the query only, on every layer") {
     const FusionResult r = pipeline.run(p.tokens, p.layout, NaiveReuse{});
-    for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == ChunkSource::isolated);
+    for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == KVSource::isolated);
     CHECK(r.plan.initial == TokenSet{n - 5, n - 4, n - 3, n - 2, n - 1});
     CHECK(r.selected_per_layer == std::vector<std::int64_t>(static_cast<std::size_t>(layers), 5));
     CHECK(r.recompute_fraction == doctest::Approx(5.0 / static_cast<double>(n)));
@@ -172,10 +167,10 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
   }
   SUBCASE("prefix: system + A are loaded exactly, everything after them is recomputed") {
     const FusionResult r = pipeline.run(p.tokens, p.layout, PrefixCaching{});
-    CHECK(r.plan.chunks[0].source == ChunkSource::prefix);
-    CHECK(r.plan.chunks[1].source == ChunkSource::prefix);
-    CHECK(r.plan.chunks[2].source == ChunkSource::compute);  // B follows C in the earlier prompt
-    CHECK(r.plan.chunks[3].source == ChunkSource::compute);
+    CHECK(r.plan.chunks[0].source == KVSource::prefix);
+    CHECK(r.plan.chunks[1].source == KVSource::prefix);
+    CHECK(r.plan.chunks[2].source == KVSource::compute);  // B follows C in the earlier prompt
+    CHECK(r.plan.chunks[3].source == KVSource::compute);
     const std::int64_t after = n - 15;
     CHECK(r.selected_per_layer == std::vector<std::int64_t>(static_cast<std::size_t>(layers), after));
     CHECK(max_abs_diff(r.logits, reference.logits) < 1e-4);
@@ -206,7 +201,7 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
     method.focus.window = 2;
     const FusionResult r = craft.run(p.tokens, p.layout, method);
     REQUIRE(r.plan.chunks.size() == 4);
-    for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == ChunkSource::variant);
+    for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == KVSource::variant);
     // The system prompt sits behind the same (no) chunks as when it was computed: beta' = 1, CFO = 0 (eq. 12).
     CHECK(r.plan.chunks[0].cfo == 0.0);
     CHECK(r.plan.chunks[0].recompute.empty());
@@ -257,7 +252,7 @@ TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, e
   const Prompt reordered = assemble({kSystem, kC, kA, kB}, kQuery);
   const FusionResult r = pipeline.run(reordered.tokens, reordered.layout, NaiveReuse{});
   CHECK(r.rejected_entries == 0);
-  for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == ChunkSource::isolated);
+  for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == KVSource::isolated);
   const TokenRange a = reordered.layout.chunks[2].range;
   const LlamaKVCache direct = model.prefill_chunk(kA, a.begin);
   const LlamaKVCache loaded = r.kv.slice(a);
@@ -286,7 +281,7 @@ TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, e
     CAPTURE(name);
     const FusionResult x = pipeline.run(odd.tokens, odd.layout, parse_method(name));
     for (float v : x.logits) REQUIRE(std::isfinite(v));
-    CHECK(x.plan.chunks[1].source == ChunkSource::compute);  // empty: nothing to load
+    CHECK(x.plan.chunks[1].source == KVSource::compute);  // empty: nothing to load
     if (name == "full" || name == "cacheblend@1") CHECK(x.logits == reference.logits);
     if (name == "prefix") CHECK(max_abs_diff(x.logits, reference.logits) < 1e-4);  // all loaded, exact
   }
@@ -363,7 +358,7 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
 
   // Planned against a full store, then the store disappears before the KV is read.
   const FusionPlan planned = pipeline.plan(p.tokens, p.layout, PrefixCaching{});
-  CHECK(planned.chunks[2].source == ChunkSource::prefix);
+  CHECK(planned.chunks[2].source == KVSource::prefix);
   memory.clear();
   fs::remove_all(dir.path);
   const FusionResult prefix = pipeline.run(p.tokens, p.layout, PrefixCaching{});
@@ -371,7 +366,7 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
   CHECK(prefix.recompute_fraction == 1.0);
 
   const FusionResult naive = pipeline.run(p.tokens, p.layout, NaiveReuse{});
-  for (const ChunkPlan& c : naive.plan.chunks) CHECK(c.source == ChunkSource::compute);
+  for (const ChunkPlan& c : naive.plan.chunks) CHECK(c.source == KVSource::compute);
   CHECK(naive.logits == reference.logits);
 
   // Cache-Craft forgets the variants whose KV is gone instead of choosing them and failing to load them.
@@ -379,7 +374,7 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
   const FusionResult craft = pipeline.run(p.tokens, p.layout, CacheCraft{});
   CHECK(pipeline.variants().size() == 0);
   CHECK(craft.rejected_entries == 0);
-  for (const ChunkPlan& c : craft.plan.chunks) CHECK(c.source == ChunkSource::compute);
+  for (const ChunkPlan& c : craft.plan.chunks) CHECK(c.source == KVSource::compute);
   CHECK(craft.logits == reference.logits);
 
   // Writing into the vanished directory fails in the disk tier only; the memory tier keeps the entries.
@@ -404,17 +399,9 @@ TEST_CASE("bad input: a layout that does not cover the prompt, a prompt without 
 }
 
 TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers part of naive reuse's KL gap") {
-#ifdef NDEBUG
-  constexpr bool optimized = true;
-#else
-  constexpr bool optimized = false;
-#endif
-  const fs::path path = kvfuse_test::model_path();
-  if (!optimized || !fs::exists(path)) {
-    MESSAGE("skipped: needs a Release build and the model file (scripts/fetch_model.sh)");
-    return;
-  }
-  const GGUFFile file = GGUFFile::open(path);
+  const auto path = kvfuse_test::real_model(/*optimized_only=*/true);
+  if (!path) return;
+  const GGUFFile file = GGUFFile::open(*path);
   const BPETokenizer tok(TokenizerVocab::from_gguf(file));
   const CpuLlama model = CpuLlama::from_gguf(file);
   const std::vector<std::string> passages{

@@ -1,10 +1,11 @@
-// ggml block formats (detail/ggml_quant.hpp). Each quantized type is checked on blocks packed here the way
-// ggml's quantizers (quantize_row_*_ref) pack them, against values computed from the format's definition
-// (element e -> its quant and its group's scale); scales are powers of two or small dyadic numbers, so the
-// expected floats are exact whatever the order of operations. Then every type against random blocks
-// dequantized by an independent implementation, the Python gguf package (tests/data/ggml_quant_vectors.txt,
-// bit-exact), and fp16 / bf16 against an ldexp formula for all 65536 patterns.
+// ggml types and block formats (model/ggml_type.hpp, detail/ggml_quant.hpp). Each quantized type is checked on
+// blocks packed here the way ggml's quantizers (quantize_row_*_ref) pack them, against values computed from the
+// format's definition (element e -> its quant and its group's scale); scales are powers of two or small dyadic
+// numbers, so the expected floats are exact whatever the order of operations. Then every type against random
+// blocks dequantized by an independent implementation, the Python gguf package
+// (tests/data/ggml_quant_vectors.txt, bit-exact), and fp16 / bf16 against an ldexp formula for all 65536 patterns.
 #include "kvfuse/detail/ggml_quant.hpp"
+#include "kvfuse/model/ggml_type.hpp"
 
 #include <doctest/doctest.h>
 
@@ -19,7 +20,8 @@
 #include <vector>
 
 namespace q = kvfuse::detail;
-using q::GGMLType;
+using kvfuse::GGMLType;
+using kvfuse::ggml_type_traits;
 
 namespace {
 
@@ -40,11 +42,11 @@ constexpr std::uint16_t h_2 = 0x4000;
 constexpr std::uint16_t h_minus_1 = 0xbc00;
 
 std::vector<float> dequant(GGMLType type, const std::vector<std::uint8_t>& block) {
-  const auto traits = q::ggml_type_traits(t(type));
+  const auto traits = ggml_type_traits(type);
   REQUIRE(block.size() % static_cast<std::size_t>(traits.type_size) == 0);
   const auto n_blocks = static_cast<std::int64_t>(block.size()) / traits.type_size;
   std::vector<float> y(static_cast<std::size_t>(n_blocks * traits.block_size), -12345.0f);
-  REQUIRE(q::dequantize_blocks(t(type), block.data(), n_blocks, y.data()));
+  REQUIRE(q::dequantize_blocks(type, block.data(), n_blocks, y.data()));
   return y;
 }
 
@@ -83,7 +85,7 @@ TEST_CASE("ggml type numbers, block sizes and bytes per block are ggml's") {
                       {30, "BF16", 1, 2, true},      {35, "TQ2_0", 256, 66, false}, {39, "MXFP4", 32, 17, false}};
   for (const Row& row : rows) {
     CAPTURE(row.name);
-    const auto traits = q::ggml_type_traits(row.number);
+    const auto traits = ggml_type_traits(GGMLType{row.number});
     REQUIRE(traits.name != nullptr);
     CHECK(std::string(traits.name) == row.name);
     CHECK(traits.block_size == row.block_size);
@@ -94,8 +96,8 @@ TEST_CASE("ggml type numbers, block sizes and bytes per block are ggml's") {
   CHECK(t(GGMLType::bf16) == 30);
   for (const std::uint32_t retired : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 42u, 1000u, 0xffffffffu}) {
     CAPTURE(retired);
-    CHECK(q::ggml_type_traits(retired).name == nullptr);
-    CHECK_FALSE(q::ggml_type_traits(retired).dequantizable);
+    CHECK(ggml_type_traits(GGMLType{retired}).name == nullptr);
+    CHECK_FALSE(ggml_type_traits(GGMLType{retired}).dequantizable);
   }
 }
 
@@ -409,12 +411,12 @@ TEST_CASE("dequantize_blocks refuses types it cannot dequantize and writes nothi
   std::vector<std::uint8_t> block(292, 0x11);
   std::vector<float> y(256, 7.0f);
   for (const GGMLType type : {GGMLType::q8_1, GGMLType::q8_k, GGMLType::iq2_xxs, GGMLType::i32, GGMLType::f64}) {
-    CHECK_FALSE(q::dequantize_blocks(t(type), block.data(), 1, y.data()));
+    CHECK_FALSE(q::dequantize_blocks(type, block.data(), 1, y.data()));
   }
-  CHECK_FALSE(q::dequantize_blocks(4, block.data(), 1, y.data()));
-  CHECK_FALSE(q::dequantize_block(99, block.data(), y.data()));
+  CHECK_FALSE(q::dequantize_blocks(GGMLType{4}, block.data(), 1, y.data()));
+  CHECK_FALSE(q::dequantize_block(GGMLType{99}, block.data(), y.data()));
   CHECK(y == std::vector<float>(256, 7.0f));
-  CHECK(q::dequantize_blocks(t(GGMLType::q8_0), block.data(), 0, y.data()));  // zero blocks: nothing to do
+  CHECK(q::dequantize_blocks(GGMLType::q8_0, block.data(), 0, y.data()));  // zero blocks: nothing to do
 }
 
 TEST_CASE("every dequantizable type matches the Python gguf package bit for bit on random blocks") {
@@ -430,10 +432,12 @@ TEST_CASE("every dequantizable type matches the Python gguf package bit for bit 
     std::string hex;
     fields >> name >> n_blocks >> hex;
     CAPTURE(name);
-    std::uint32_t type = 0;
-    while (type < 64 && (q::ggml_type_traits(type).name == nullptr || name != q::ggml_type_traits(type).name)) ++type;
-    REQUIRE(type < 64);
-    const auto traits = q::ggml_type_traits(type);
+    std::uint32_t number = 0;
+    auto traits_of = [](std::uint32_t n) { return ggml_type_traits(GGMLType{n}); };
+    while (number < 64 && (traits_of(number).name == nullptr || name != traits_of(number).name)) ++number;
+    REQUIRE(number < 64);
+    const GGMLType type{number};
+    const auto traits = ggml_type_traits(type);
     REQUIRE(hex.size() == static_cast<std::size_t>(2 * n_blocks * traits.type_size));
     std::vector<std::uint8_t> bytes(hex.size() / 2);
     for (std::size_t i = 0; i < bytes.size(); ++i) {

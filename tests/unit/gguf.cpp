@@ -665,18 +665,11 @@ TEST_CASE("GGUF: open() maps a file read-only; the mapping moves with the object
 }
 
 // ---------------------------------------------------------------- the real model
-namespace {
 
-using kvfuse_test::model_path;
-
-}  // namespace
-
-TEST_CASE("GGUF: the SmolLM2-135M-Instruct file matches the Python gguf package's dequantization") {
-  const std::filesystem::path path = model_path();
-  if (!std::filesystem::exists(path)) {
-    MESSAGE("skipped: no model at ", path.string(), " (run scripts/fetch_model.sh or set KVFUSE_MODEL)");
-    return;
-  }
+TEST_CASE("real model: GGUF: the SmolLM2-135M-Instruct file matches the Python gguf package's dequantization") {
+  const auto model = kvfuse_test::real_model(/*optimized_only=*/false);
+  if (!model) return;
+  const std::filesystem::path& path = *model;
   const std::filesystem::path samples_path =
       std::filesystem::path(__FILE__).parent_path().parent_path() / "data" / "smollm2_dequant_samples.txt";
   std::ifstream samples(samples_path);
@@ -695,8 +688,8 @@ TEST_CASE("GGUF: the SmolLM2-135M-Instruct file matches the Python gguf package'
       std::uint64_t size = 0;
       in >> size;
       if (f.file_size() != size) {
-        MESSAGE("skipped the SmolLM2 checks: ", path.string(), " has ", f.file_size(), " bytes, not SmolLM2's ", size,
-                " (it parsed: ", f.tensors().size(), " tensors)");
+        kvfuse_test::skip(path.string() + " has " + std::to_string(f.file_size()) + " bytes, not SmolLM2's " +
+                          std::to_string(size) + " (it parsed: " + std::to_string(f.tensors().size()) + " tensors)");
         return;
       }
     } else if (record == "counts") {

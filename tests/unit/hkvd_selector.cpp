@@ -11,11 +11,11 @@
 
 #include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/detail/math.hpp"
+#include "kvfuse/detail/topk.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
 using kvfuse::HKVDConfig;
 using kvfuse::HKVDSelector;
-using kvfuse::KVTensor;
 using kvfuse::PromptLayout;
 using kvfuse::TokenSet;
 
@@ -50,13 +50,13 @@ TEST_CASE("kv deviation: squared L2 over 2 heads x 2 dims, padding ignored") {
 
   const std::vector<std::int64_t> rows = {2, 0, 1};
   std::vector<float> out(3, -1.0f);
-  kvfuse::detail::kv_deviation(recomputed, cached, 5, 2, 2, rows, out);
+  kvfuse::kv_deviation(recomputed, cached, 5, 2, 2, rows, out);
   CHECK(out == std::vector<float>{4.25f, 4.0f, 14.0f});
 
   // Identical tensors: zero deviation; no rows: nothing written.
-  kvfuse::detail::kv_deviation(recomputed, recomputed, 5, 2, 2, rows, out);
+  kvfuse::kv_deviation(recomputed, recomputed, 5, 2, 2, rows, out);
   CHECK(out == std::vector<float>{0.0f, 0.0f, 0.0f});
-  kvfuse::detail::kv_deviation(recomputed, cached, 5, 2, 2, {}, {});
+  kvfuse::kv_deviation(recomputed, cached, 5, 2, 2, {}, {});
 }
 
 TEST_CASE("kv deviation: the last row needs only num_heads * head_dim values, not a full stride") {
@@ -65,7 +65,7 @@ TEST_CASE("kv deviation: the last row needs only num_heads * head_dim values, no
   const std::vector<float> b = {0, 0, 0, 0, 0, 0, 0, 0, 0, 3};
   std::vector<float> out(1);
   const std::vector<std::int64_t> last = {1};
-  kvfuse::detail::kv_deviation(a, b, 6, 1, 4, last, out);
+  kvfuse::kv_deviation(a, b, 6, 1, 4, last, out);
   CHECK(out[0] == 4.0f + 4.0f + 4.0f + 1.0f);
 }
 
@@ -77,33 +77,33 @@ TEST_CASE("kv deviation: bad shapes and rows throw naming the value") {
   const std::vector<std::int64_t> row_far = {2};
   const std::vector<std::int64_t> row_neg = {-1};
   const std::vector<std::int64_t> two_rows = {0, 1};
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 0, 2, row0, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 0, 2, row0, out),
                        doctest::Contains("num_heads 0"), kvfuse::error);
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, -3, row0, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 2, -3, row0, out),
                        doctest::Contains("head_dim -3"), kvfuse::error);
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 3, 2, 2, row0, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 3, 2, 2, row0, out),
                        doctest::Contains("row_stride 3"), kvfuse::error);
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, 2, two_rows, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 2, 2, two_rows, out),
                        doctest::Contains("2 rows"), kvfuse::error);
   // a holds rows 0 and 1 (10 floats, stride 5); row 2 is outside.
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, 2, row_far, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 2, 2, row_far, out),
                        doctest::Contains("row 2"), kvfuse::error);
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, 2, row_neg, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 2, 2, row_neg, out),
                        doctest::Contains("row -1"), kvfuse::error);
   // num_heads * head_dim must not overflow int64 (2^32 * 2^32 = 2^64); the largest product that fits passes
   // that check and fails on the stride instead.
   constexpr std::int64_t kHuge = std::int64_t{1} << 32;
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, kHuge, kHuge, row0, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, kHuge, kHuge, row0, out),
                        doctest::Contains("num_heads * head_dim = 4294967296 * 4294967296 overflows"), kvfuse::error);
   const std::int64_t max = std::numeric_limits<std::int64_t>::max();
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, max / 2, row0, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 2, max / 2, row0, out),
                        doctest::Contains("row_stride 5 is smaller"), kvfuse::error);
-  CHECK_THROWS_WITH_AS(kvfuse::detail::kv_deviation(a, a, 5, 2, max / 2 + 1, row0, out),
+  CHECK_THROWS_WITH_AS(kvfuse::kv_deviation(a, a, 5, 2, max / 2 + 1, row0, out),
                        doctest::Contains("overflows"), kvfuse::error);
   // The cached matrix is the shorter one: it holds row 0 only (4 floats = one token's values).
-  kvfuse::detail::kv_deviation(a, shorter, 5, 2, 2, row0, out);
+  kvfuse::kv_deviation(a, shorter, 5, 2, 2, row0, out);
   const std::vector<std::int64_t> row1 = {1};
-  CHECK_THROWS_AS(kvfuse::detail::kv_deviation(a, shorter, 5, 2, 2, row1, out), kvfuse::error);
+  CHECK_THROWS_AS(kvfuse::kv_deviation(a, shorter, 5, 2, 2, row1, out), kvfuse::error);
 }
 
 // ------------------------------------------------------------------------------------------- top-k order
@@ -132,13 +132,35 @@ TEST_CASE("HKVD order: deviation descending, ties to the lower position; O(n) pa
   }
 }
 
+TEST_CASE("one top-k order: ranks_before (host) and top_k_key (GPU radix select) agree, NaN first") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> values = {-inf, -1e30f, -1.0f, -1e-40f, -0.0f, 0.0f, 1e-40f, 0.5f, 1.0f, 1e30f, inf,
+                                     nan, -nan};
+  for (float a : values) {
+    for (float b : values) {
+      for (std::int64_t pa : {0, 3, 7}) {
+        for (std::int64_t pb : {0, 3, 7}) {
+          CAPTURE(a);
+          CAPTURE(b);
+          CAPTURE(pa);
+          CAPTURE(pb);
+          CHECK(kvfuse::detail::ranks_before(a, pa, b, pb) ==
+                (kvfuse::detail::top_k_key(a, pa) > kvfuse::detail::top_k_key(b, pb)));
+        }
+      }
+    }
+  }
+  CHECK(kvfuse::detail::ranks_before(nan, 5, inf, 0));  // NaN above +inf
+  CHECK(kvfuse::detail::ranks_before(nan, 1, nan, 2));  // NaNs tie: lower position first
+}
+
 // ----------------------------------------------------------------------------------------------- config
 
-TEST_CASE("HKVDConfig defaults follow the paper: r = 0.15, V, checks on layers 1-3 shrinking to r") {
+TEST_CASE("HKVDConfig defaults follow the paper: r = 0.15, checks on layers 1-3 shrinking to r") {
   const HKVDConfig c;
   c.validate();
   CHECK(c.recompute_ratio == 0.15);
-  CHECK(c.rank_by == KVTensor::value);
   CHECK(c.check_layers == std::vector<int>{1, 2, 3});
   CHECK(c.check_ratio(0) == doctest::Approx(0.25));
   CHECK(c.check_ratio(1) == doctest::Approx(0.20));
@@ -154,8 +176,6 @@ TEST_CASE("HKVDConfig rejects bad values and names them") {
     HKVDConfig config;
     const char* needle;
   };
-  HKVDConfig by_bad_tensor;
-  by_bad_tensor.rank_by = static_cast<KVTensor>(7);
   const std::vector<Case> cases = {
       {schedule(1.5, {1}, {0.0}), "recompute_ratio 1.5"},
       {schedule(-0.1, {1}, {0.0}), "recompute_ratio -0.1"},
@@ -168,7 +188,6 @@ TEST_CASE("HKVDConfig rejects bad values and names them") {
       {schedule(0.15, {1, 2}, {-0.1, 0.0}), "ratio_margins[0] = -0.1"},
       {schedule(0.15, {1, 2, 3}, {0.1, 0.2, 0.0}), "ratio_margins[1] = 0.2"},
       {schedule(0.15, {1, 2}, {0.1, 0.05}), "last ratio margin is 0.05"},
-      {by_bad_tensor, "rank_by = 7"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.needle);
@@ -403,9 +422,11 @@ TEST_CASE("HKVDSelector::select validates the set and the deviations") {
   negative[2] = -0.5f;
   CHECK_THROWS_WITH_AS((void)sel.select(1, all, negative),
                        doctest::Contains("deviation -0.5 of token 2"), kvfuse::error);
+  // A NaN deviation is not an error: the token ranks first (detail::ranks_before, the GPU top-k's order).
   std::vector<float> with_nan = dev;
   with_nan[3] = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_WITH_AS((void)sel.select(1, all, with_nan), doctest::Contains("of token 3"), kvfuse::error);
+  const TokenSet kept = sel.select(1, all, with_nan);  // keeps round(0.25 * 8) = 2 reusable + 2 query tokens
+  CHECK(kept == TokenSet{0, 3, 8, 9});
   CHECK_THROWS_WITH_AS((void)sel.select(1, TokenSet{0, 2, 1, 8, 9}, std::vector<float>(5, 1.0f)),
                        doctest::Contains("1 follows 2"), kvfuse::error);
   CHECK_THROWS_WITH_AS((void)sel.select(1, TokenSet{0, 8, 9, 10}, std::vector<float>(4, 1.0f)),

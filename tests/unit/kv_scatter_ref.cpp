@@ -12,17 +12,18 @@
 
 #include "kvfuse/ref/kv_scatter.hpp"
 
+#include "../support/test_util.hpp"
+
 using kvfuse::DType;
 using kvfuse::KVCacheLayout;
 using kvfuse::KVGatherArgs;
 using kvfuse::KVScatterArgs;
 using kvfuse::Status;
 
+using kvfuse_test::message_has;
+
 namespace {
 
-bool message_has(const char* needle) {
-  return std::string(kvfuse::last_status_message()).find(needle) != std::string::npos;
-}
 
 // A cache of one layer: contiguous [slots, H, d] or paged [pages, page_size, H, d] with a random page table.
 struct TestCache {

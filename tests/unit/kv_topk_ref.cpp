@@ -17,12 +17,16 @@
 #include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/detail/topk.hpp"
 #include "kvfuse/ref/kv_topk.hpp"
+
+#include "../support/test_util.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
 using kvfuse::DType;
 using kvfuse::KVDeviationArgs;
 using kvfuse::Status;
 using kvfuse::TopKArgs;
+
+using kvfuse_test::message_has;
 
 namespace {
 
@@ -53,9 +57,6 @@ std::vector<std::int32_t> run_top_k(const std::vector<float>& scores, std::int64
   return out;
 }
 
-bool message_has(const char* needle) {
-  return std::string(kvfuse::last_status_message()).find(needle) != std::string::npos;
-}
 
 }  // namespace
 

@@ -37,7 +37,7 @@ struct AttnLinkPolicy {
     std::int64_t longest = 0;
     for (const PromptChunk& c : layout.chunks) longest = std::max(longest, c.range.size());
     const auto k = static_cast<std::int64_t>(std::llround(budget * static_cast<double>(longest)));
-    return AttnLinkBoundary({k, 0}).plan(layout).tokens_for_layer(3);
+    return AttnLinkBoundary({k, 0}).plan(layout).tokens;
   }
 };
 

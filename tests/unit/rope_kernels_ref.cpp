@@ -14,10 +14,11 @@
 #include <vector>
 
 #include "../support/rope_test_util.hpp"
+#include "../support/test_util.hpp"
 
 using kvfuse::DType;
 using kvfuse::Status;
-using kvfuse::detail::RopePairing;
+using kvfuse::RopePairing;
 using kvfuse::RopeArgs;
 using kvfuse::RopeFrequencyConfig;
 using kvfuse::RopeOp;
@@ -31,6 +32,7 @@ using kvfuse::test::padded_strides;
 using kvfuse::test::run_ref;
 using kvfuse::test::storage_ulp;
 using kvfuse::test::store;
+using kvfuse_test::message_has;
 
 namespace {
 
@@ -90,15 +92,6 @@ void fill_theta(RopeArgs& a, double base) {
   c.head_dim = a.head_dim;
   c.base = base;
   REQUIRE(kvfuse::rope_frequencies(c, a.theta) == Status::success);
-}
-
-bool message_has(const std::string& needle) {
-  const std::string message = kvfuse::last_status_message();
-  if (message.find(needle) == std::string::npos) {
-    MESSAGE("message \"" << message << "\" lacks \"" << needle << "\"");
-    return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -287,8 +280,9 @@ TEST_CASE("rope refs: apply-then-inverse and shift-vs-apply-at-new within one bf
       }
 }
 
-TEST_CASE("rope refs: the fp32-angle reference agrees with the double-angle detail::rope_apply at small positions") {
+TEST_CASE("rope refs: the fp32-angle reference agrees with the CPU backend's double-angle RoPE at small positions") {
   // The two differ by the float rounding of θ (angle error <= p·θ·2^-24) plus float rounding of the rotation.
+  // The CPU backend's RoPE: the double table, detail::rope_cos_sin and rope_rotate_head (as CpuLlama runs it).
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (RopePairing pairing : all_pairings)
@@ -313,12 +307,18 @@ TEST_CASE("rope refs: the fp32-angle reference agrees with the double-angle deta
       std::vector<float> y(xf, xf + n * d);
       a.in = a.out = x.data();
       REQUIRE(kvfuse::ref::rope_apply(a) == Status::success);
-      const kvfuse::detail::RopeParams params{d, 10000.0, 1.0, nullptr, pairing};
+      RopeFrequencyConfig frequencies;
+      frequencies.head_dim = d;
+      frequencies.base = 10000.0;
+      std::vector<double> table(static_cast<std::size_t>(d / 2));
+      REQUIRE(kvfuse::rope_frequencies(frequencies, table.data()) == Status::success);
+      std::vector<float> cos_t(table.size()), sin_t(table.size());
       double worst = 0;
       for (std::int64_t t = 0; t < n; ++t) {
         float* row = y.data() + t * d;
         std::vector<float> before(row, row + d);
-        kvfuse::detail::rope_apply(row, params, t);
+        kvfuse::detail::rope_cos_sin(table.data(), d / 2, static_cast<double>(t), cos_t.data(), sin_t.data());
+        kvfuse::detail::rope_rotate_head(row, d, pairing, cos_t.data(), sin_t.data());
         for (std::int64_t i = 0; i < d / 2; ++i) {
           std::int64_t first = 0;
           std::int64_t second = 0;

@@ -1,6 +1,7 @@
 // ref/sparse_attention.hpp: the CPU reference of sparse-query attention with an exact positional causal
 // mask, against an independent fp64 two-pass softmax written here, on every dtype, head_dim 64/128, GQA,
-// packed and strided layouts; the mask's exactness, the chunk-mass epilogue and the validation messages.
+// packed and strided layouts; the mask's exactness, the chunk-mass epilogue and the validation messages;
+// and the whole-row form of the same softmax that the CPU backend runs (detail::attention_softmax_row).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -484,4 +485,40 @@ TEST_CASE("sparse_attention validation refuses bad arguments and names the value
     a.workspace_bytes = -16;
     refused(a, "workspace_bytes -16");
   }
+}
+
+TEST_CASE("attention_softmax_row (the CPU backend's softmax): fp64 two-pass softmax, masked keys exactly 0") {
+  // Base-2 scores as the callers form them: natural-log scores times log2(e); −inf where masked.
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> score(-30.0f, 30.0f);
+  for (const std::int64_t n : {1, 2, 63, 64, 65, 1000}) {
+    CAPTURE(n);
+    std::vector<float> natural(static_cast<std::size_t>(n));
+    std::vector<float> row(natural.size());
+    for (std::size_t j = 0; j < natural.size(); ++j) {
+      const bool masked = j % 3 == 1;  // never the first key: every row sees one
+      natural[j] = masked ? -std::numeric_limits<float>::infinity() : score(rng);
+      row[j] = masked ? kvfuse::detail::attention_neg_inf()
+                      : natural[j] * kvfuse::detail::attention_score_factor(1.0f);
+    }
+    double mx = -kInf;
+    for (const float s : natural) mx = std::max(mx, static_cast<double>(s));
+    double sum = 0;
+    for (const float s : natural) sum += std::exp(static_cast<double>(s) - mx);
+    const float lse = kvfuse::detail::attention_softmax_row(row.data(), n);
+    CHECK(std::fabs(static_cast<double>(lse) - (mx + std::log(sum))) <= 1e-5 * (1.0 + std::fabs(mx)));
+    double total = 0;
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      CAPTURE(j);
+      const double want = std::exp(static_cast<double>(natural[j]) - mx) / sum;
+      if (j % 3 == 1) CHECK(row[j] == 0.0f);
+      CHECK(std::fabs(static_cast<double>(row[j]) - want) <= 1e-5 * want + 1e-12);
+      total += row[j];
+    }
+    CHECK(total == doctest::Approx(1.0).epsilon(1e-5));
+  }
+  // A row without a visible key: every probability 0 (not NaN), LSE −inf.
+  std::vector<float> none(5, kvfuse::detail::attention_neg_inf());
+  CHECK(kvfuse::detail::attention_softmax_row(none.data(), 5) == -kInf);
+  for (const float p : none) CHECK(p == 0.0f);
 }

@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include "../support/error_of.hpp"
+#include <fmt/format.h>
+
 #include "../support/model_path.hpp"
 
 #include <cstdint>
@@ -355,8 +357,6 @@ TEST_CASE("RAG prompt: bos when the vocabulary asks for it, control text in pass
 
 namespace {
 
-using kvfuse_test::model_path;
-
 std::string unescape(std::string_view s) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -405,17 +405,14 @@ Ids parse_ids(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("SmolLM2 vocabulary: exact ids of Hugging Face tokenizers on tricky text, chats and a RAG prompt") {
-  const std::filesystem::path path = model_path();
-  if (!std::filesystem::exists(path)) {
-    MESSAGE("skipped: no model at ", path.string(), " (run scripts/fetch_model.sh or set KVFUSE_MODEL)");
-    return;
-  }
-  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(path);
+TEST_CASE("real model: SmolLM2 vocabulary: exact ids of Hugging Face tokenizers on tricky text, chats and a RAG prompt") {
+  const auto path = kvfuse_test::real_model(/*optimized_only=*/false);
+  if (!path) return;
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(*path);
   const TokenizerVocab vocab = TokenizerVocab::from_gguf(file);
   if (vocab.pre != "smollm" || vocab.tokens.size() != 49152 || vocab.tokens[1] != "<|im_start|>") {
-    MESSAGE("skipped: ", path.string(), " does not hold SmolLM2's tokenizer (pre '", vocab.pre, "', ",
-            vocab.tokens.size(), " tokens)");
+    kvfuse_test::skip(fmt::format("{} does not hold SmolLM2's tokenizer (pre '{}', {} tokens)", path->string(),
+                                  vocab.pre, vocab.tokens.size()));
     return;
   }
   CHECK(vocab.model == "gpt2");

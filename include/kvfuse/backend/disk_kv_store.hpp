@@ -57,22 +57,11 @@
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/types.hpp"
 
 namespace kvfuse {
 namespace detail {
-
-// 64-bit FNV-1a over raw bytes, chained from `seed` like hash_tokens (core/types.hpp): kvfuse already hashes
-// content with FNV-1a, so the file checksum needs no new dependency. It detects corruption, not tampering.
-[[nodiscard]] inline std::uint64_t fnv1a_bytes(std::span<const std::byte> bytes,
-                                               std::uint64_t seed = kFnvOffset) noexcept {
-  std::uint64_t h = seed;
-  for (std::byte b : bytes) {
-    h ^= static_cast<std::uint64_t>(b);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 inline constexpr std::string_view kv_file_magic = "KVFUSEKV";
 inline constexpr std::uint32_t kv_file_version = 1;
@@ -226,8 +215,8 @@ class DiskKVStore {
     detail::kv_file_store<std::int64_t>(header, 32, block.num_tokens);
     detail::kv_file_store<std::int64_t>(header, 40, block.first_position);
     detail::kv_file_store<std::uint64_t>(header, 48, block.bytes.size());
-    const std::uint64_t checksum = detail::fnv1a_bytes(
-        block.bytes, detail::fnv1a_bytes(std::span(header).first<detail::kv_file_checksum_offset>()));
+    const std::uint64_t checksum = fnv1a(
+        block.bytes, fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
     detail::kv_file_store<std::uint64_t>(header, detail::kv_file_checksum_offset, checksum);
 
     errno = 0;
@@ -281,8 +270,8 @@ class DiskKVStore {
       return why;
     }
     const auto stored = detail::kv_file_load<std::uint64_t>(header, detail::kv_file_checksum_offset);
-    const std::uint64_t computed = detail::fnv1a_bytes(
-        block.bytes, detail::fnv1a_bytes(std::span(header).first<detail::kv_file_checksum_offset>()));
+    const std::uint64_t computed = fnv1a(
+        block.bytes, fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
     if (stored != computed) {
       return fmt::format("checksum mismatch: stored 0x{:016x}, computed 0x{:016x}", stored, computed);
     }

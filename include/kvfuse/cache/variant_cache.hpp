@@ -10,7 +10,8 @@
 //     the chosen variant's reuse frequency grows by f_r += 1/CFO.
 //   insert(profile, kv): adds a variant for a new (chunk, prefix) pair; when the cache holds N × M variants
 //     the variant with the lowest f_r is evicted first and returned so the engine can erase its KV.
-// Paper: Cache-Craft (seeds/cache-craft.txt), section 3.3; CFO from sections 3.1-3.2.
+// Paper: Cache-Craft ("Managing Chunk-Caches for Efficient Retrieval-Augmented Generation", SIGMOD 2025),
+// section 3.3; CFO from sections 3.1-3.2.
 //
 // When to use: with CCIScorer, to keep the most reusable chunk-caches of a RAG workload under a fixed
 // budget of stored KV instances. Use a plain prefix cache (vLLM-style) when prompts share exact prefixes.

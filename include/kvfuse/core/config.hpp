@@ -10,6 +10,7 @@
 #define KVFUSE_HOST_DEVICE inline
 #endif
 
+// The version of kvfuse, defined here only (CMakeLists.txt and conanfile.py read these lines).
 #define KVFUSE_VERSION_MAJOR 0
 #define KVFUSE_VERSION_MINOR 1
 #define KVFUSE_VERSION_PATCH 0

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/hash.hpp"
 
 namespace kvfuse {
 
@@ -53,6 +54,15 @@ struct KVKeyHash {
   }
 };
 
+// Where the KV of a run of prompt tokens comes from. One vocabulary for Cake's loader (compute from the
+// front, prefix-cache entries loaded from the back) and the fusion plans (chunk caches reused anywhere).
+enum class KVSource {
+  compute,   // computed for this prompt (prefill of the tokens, or recompute of every token of a chunk)
+  prefix,    // a prefix-cache entry: computed behind exactly the tokens before it here (exact KV)
+  isolated,  // a chunk's own cache, computed alone at its stored positions (naive, CacheBlend, AttnLink)
+  variant,   // a Cache-Craft variant: the chunk computed behind some earlier prompt's chunks
+};
+
 // KV of a run of tokens as opaque bytes, in the engine's own layout. Engines that store K rotated (RoPE)
 // record the positions it was computed at, first_position .. first_position + num_tokens - 1, so that
 // reusing the block at other positions is one RoPE shift by the difference.
@@ -62,19 +72,17 @@ struct KVBlock {
   std::int64_t first_position = 0;
 };
 
-// 64-bit FNV-1a over token ids, chained: hash_tokens(tokens, seed) continues from `seed`.
+// Content hash of token ids: fnv1a (core/hash.hpp) over each id's 4 bytes, least significant first, so the
+// key does not depend on the host's byte order. Chained: hash_tokens(tokens, seed) continues from `seed`.
 // Chunk keys use seed = kFnvOffset; prefix keys chain chunk by chunk so key j covers tokens [0, end_j).
-inline constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-
 [[nodiscard]] inline std::uint64_t hash_tokens(std::span<const token_id> tokens,
                                                std::uint64_t seed = kFnvOffset) noexcept {
   std::uint64_t h = seed;
   for (token_id t : tokens) {
-    auto u = static_cast<std::uint32_t>(t);
-    for (int byte = 0; byte < 4; ++byte) {
-      h ^= (u >> (8 * byte)) & 0xffu;
-      h *= 0x100000001b3ull;
-    }
+    const auto u = static_cast<std::uint32_t>(t);
+    const std::byte le[4] = {std::byte(u & 0xffu), std::byte((u >> 8) & 0xffu), std::byte((u >> 16) & 0xffu),
+                             std::byte(u >> 24)};
+    h = fnv1a(le, h);
   }
   return h;
 }

@@ -1,7 +1,8 @@
 #pragma once
-// Element math of sparse-query attention with an exact positional causal mask, shared by the CPU reference
-// (kvfuse/ref/sparse_attention.hpp) and the CUDA kernel (kvfuse/cuda/sparse_attention.cuh), so both mask,
-// rescale and normalize the same way.
+// Element math of attention with an exact positional causal mask, shared by the sparse-attention CPU
+// reference (kvfuse/ref/sparse_attention.hpp), the CUDA kernel (kvfuse/cuda/sparse_attention.cuh) and the
+// CPU Llama backend (backend/cpu/llama.hpp, through attention_softmax_row), so all three mask, rescale and
+// normalize the same way: one softmax.
 //
 // Online softmax (FlashAttention): keys are visited in blocks; each query row keeps a running maximum m of
 // its scores, a running sum l of 2^(s − m) and an output accumulator acc = Σ 2^(s − m) · v. When a block
@@ -26,7 +27,8 @@ inline constexpr float kAttentionLn2 = 0.6931471805599453f;    // ln(2)
 
 // Exact positional causal mask: key j is visible to query i iff pos_k[j] <= pos_q[i], by position, not by
 // index (equal positions are visible: a token attends to itself).
-KVFUSE_HOST_DEVICE bool attention_visible(std::int32_t key_pos, std::int32_t query_pos) {
+// (int32 positions of the kernels widen exactly; the CPU backend's are int64.)
+KVFUSE_HOST_DEVICE bool attention_visible(std::int64_t key_pos, std::int64_t query_pos) {
   return key_pos <= query_pos;
 }
 
@@ -78,6 +80,26 @@ KVFUSE_HOST_DEVICE float attention_lse(float m, float l) {
 // a_kl of eq. 3–4 summed over heads (inter/intra attention, eq. 14 token scores, eq. 15 focused chunks).
 KVFUSE_HOST_DEVICE float attention_probability(float s, float lse) {
   return lse == -INFINITY ? 0.0f : exp2f(s - lse * kAttentionLog2e);
+}
+
+// Softmax of one whole row of n base-2 scores, in place: the online softmax above with the row as a single
+// block (m = its maximum visible score, l = Σ softmax_weight(s_j, m)), each weight then scaled by
+// attention_output_scale(l). Afterwards scores[j] is the probability of key j: exactly 0 where it was
+// masked (s = −inf), all 0 for a row without a visible key. Returns the row's natural-log LSE. For callers
+// that hold a row's scores at once (the CPU backend multiplies the probabilities by V as one matrix).
+KVFUSE_HOST_DEVICE float attention_softmax_row(float* scores, std::int64_t n) {
+  float block_max = attention_neg_inf();
+  for (std::int64_t j = 0; j < n; ++j) block_max = scores[j] > block_max ? scores[j] : block_max;
+  float m = attention_neg_inf();
+  softmax_advance(m, block_max);  // from no key seen: l = 0, nothing to rescale
+  float l = 0.0f;
+  for (std::int64_t j = 0; j < n; ++j) {
+    scores[j] = softmax_weight(scores[j], m);
+    l += scores[j];
+  }
+  const float inv = attention_output_scale(l);
+  for (std::int64_t j = 0; j < n; ++j) scores[j] *= inv;
+  return attention_lse(m, l);
 }
 
 }  // namespace kvfuse::detail

@@ -2,7 +2,7 @@
 // Per-token KV deviation, the score CacheBlend ranks tokens by (section 4.1 "KV deviation", section 4.3
 // HKVD tokens): the squared L2 distance between the freshly recomputed K (or V) of a token on one layer and
 // the K (or V) loaded from the chunk cache, summed over all KV heads and head dims. Whether the engine passes
-// K or V here is HKVDConfig::rank_by (select/hkvd_selector.hpp; V by default, as in CacheBlend's reference
+// K or V here is the engine's choice (CacheBlend::rank_by; V by default, as in CacheBlend's reference
 // implementation); HKVDSelector::select ranks the resulting deviations whichever tensor they came from.
 //
 // The element math is KVFUSE_HOST_DEVICE so the CUDA deviation kernel runs the very function the host
@@ -10,20 +10,12 @@
 // the num_heads * head_dim values of a token (head-major: head h occupies [h * head_dim, (h + 1) * head_dim))
 // start its row, and row_stride >= num_heads * head_dim leaves room for padding or a fused K|V row.
 //
-// The checked host helper kv_deviation() is left out of nvcc translation units: its error messages use
-// fmt's consteval format strings, which nvcc's front end rejects. Kernels call the KVFUSE_HOST_DEVICE
-// functions; host references built by the C++ compiler get the helper.
+// fmt-free, so nvcc compiles it; the checked host helper kvfuse::kv_deviation() is in select/hkvd_selector.hpp.
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
-#include <span>
 
 #include "kvfuse/core/config.hpp"
 #include "kvfuse/core/dtype.hpp"
-#if !defined(__CUDACC__)
-#include "kvfuse/core/error.hpp"
-#endif
 
 namespace kvfuse::detail {
 
@@ -56,35 +48,5 @@ KVFUSE_HOST_DEVICE float kv_token_deviation(const float* recomputed, const float
   return kv_row_deviation(recomputed + offset, cached + offset, num_heads, head_dim);
 }
 
-#if !defined(__CUDACC__)
-// Host reference: out[i] = kv_token_deviation(recomputed, cached, row_stride, rows[i], num_heads, head_dim).
-// Every row must lie inside both matrices; bad shapes and out-of-range rows throw kvfuse::error.
-inline void kv_deviation(std::span<const float> recomputed, std::span<const float> cached, std::int64_t row_stride,
-                         std::int64_t num_heads, std::int64_t head_dim, std::span<const std::int64_t> rows,
-                         std::span<float> out) {
-  require(num_heads >= 1, "kv_deviation: num_heads {} must be at least 1", num_heads);
-  require(head_dim >= 1, "kv_deviation: head_dim {} must be at least 1", head_dim);
-  require(head_dim <= std::numeric_limits<std::int64_t>::max() / num_heads,
-          "kv_deviation: num_heads * head_dim = {} * {} overflows int64", num_heads, head_dim);
-  const std::int64_t width = num_heads * head_dim;
-  require(row_stride >= width, "kv_deviation: row_stride {} is smaller than num_heads * head_dim = {}", row_stride,
-          width);
-  require(rows.size() == out.size(), "kv_deviation: {} rows but the output holds {} values", rows.size(),
-          out.size());
-  // Rows r with r * row_stride + width <= size, counted without overflow.
-  const auto rows_in = [&](std::size_t size) -> std::int64_t {
-    const auto n = static_cast<std::int64_t>(size);
-    return n < width ? 0 : (n - width) / row_stride + 1;
-  };
-  const std::int64_t limit = std::min(rows_in(recomputed.size()), rows_in(cached.size()));
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    require(rows[i] >= 0 && rows[i] < limit,
-            "kv_deviation: row {} (entry {}) is outside the {} rows the recomputed ({} floats) and cached ({} floats) "
-            "matrices hold",
-            rows[i], i, limit, recomputed.size(), cached.size());
-    out[i] = kv_token_deviation(recomputed.data(), cached.data(), row_stride, rows[i], num_heads, head_dim);
-  }
-}
-#endif  // !defined(__CUDACC__)
 
 }  // namespace kvfuse::detail

@@ -3,12 +3,14 @@
 //  - tolerant_ceil: ⌈x⌉ that ignores floating-point noise just above an integer (Cache-Craft eq. 14's
 //    N = ⌈CFO · |C|⌉, the preload depth ⌈L_p⌉ of eq. 16);
 //  - the token order "score descending, ties to the lower position" in which CacheBlend keeps its HKVD
-//    tokens (section 4.3) and Cache-Craft ranks a chunk's tokens (eq. 14), and an O(n) top-k over it.
+//    tokens (section 4.3) and Cache-Craft ranks a chunk's tokens (eq. 14), an O(n) top-k over it, and the
+//    rounding of a keep ratio to a count.
 // The per-element pieces are KVFUSE_HOST_DEVICE so a CUDA top-k can use the very same order.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "kvfuse/core/config.hpp"
@@ -25,13 +27,19 @@ KVFUSE_HOST_DEVICE double tolerant_ceil(double x) {
 
 // True when a token with `score_a` at `pos_a` ranks before one with `score_b` at `pos_b`: higher score
 // first, equal scores to the lower position (CacheBlend section 4.3 HKVD tokens, Cache-Craft eq. 14).
+// NaN ranks above every number (+inf included), NaNs tie with each other, −0 equals +0: a token whose
+// recomputed or cached row is corrupt is recomputed first. This is kvfuse's one top-k order: the radix key
+// of the CUDA top-k (detail/topk.hpp, top_k_key) encodes exactly this order for float scores.
 template <class Score, class Pos>
 KVFUSE_HOST_DEVICE bool ranks_before(Score score_a, Pos pos_a, Score score_b, Pos pos_b) {
+  const bool nan_a = score_a != score_a;
+  const bool nan_b = score_b != score_b;
+  if (nan_a || nan_b) return nan_a && (!nan_b || pos_a < pos_b);
   return score_a > score_b || (score_a == score_b && pos_a < pos_b);
 }
 
-// Strict weak order on positions into `scores` by ranks_before, for std::sort / std::nth_element. With no
-// NaN among the compared scores it is a strict total order, so the result does not depend on the algorithm.
+// Strict weak order on positions into `scores` by ranks_before, for std::sort / std::nth_element. It is a
+// strict total order (NaNs included), so the result does not depend on the algorithm.
 template <class Score>
 struct ScoreDescending {
   const Score* scores;
@@ -41,6 +49,17 @@ struct ScoreDescending {
     return ranks_before(scores[a], a, scores[b], b);
   }
 };
+
+// The number of items a ratio keeps out of n: round(ratio · n) to the nearest integer, halves up
+// (floor(ratio · n + 0.5); truncation would turn 0.29 · 100 = 28.999... into 28). Ratios outside [0, 1]
+// are clamped; NaN keeps none. HKVDSelector's keep counts (CacheBlend section 4.3) and the GPU top-k's k
+// (top_k_count) are this function.
+KVFUSE_HOST_DEVICE std::int64_t keep_count(double ratio, std::int64_t n) {
+  if (n <= 0 || !(ratio > 0.0)) return 0;
+  if (ratio >= 1.0) return n;
+  const auto k = static_cast<std::int64_t>(std::floor(ratio * static_cast<double>(n) + 0.5));
+  return k > n ? n : k;
+}
 
 // Moves the k positions of `positions` that rank first by scores[position] (ScoreDescending) to its
 // front, in unspecified order; the rest follow. O(n) on average (std::nth_element); k >= size keeps all.

@@ -1,59 +1,38 @@
 #pragma once
-// Rotary position embedding (RoPE) math shared by the CPU reference backend and the CUDA kernels
-// (apply, inverse, and the position shift the fusion loop uses to move cached K to new positions).
-//
-// RoPE rotates pairs (a, b) of a head vector by an angle that grows linearly with the token position:
-//   pair i of a head of dimension d is rotated by angle(p, i) = position_scale · p · θ_i,
-//   θ_i = base^(−2i/d) / freq_factor_i,   i = 0 .. d/2 − 1,
-//   (a, b) -> (a cos φ − b sin φ,  a sin φ + b cos φ).
-// Two conventions choose which elements form pair i:
-//   RopePairing::interleaved  (x[2i], x[2i+1]) — llama.cpp LLAMA_ROPE_TYPE_NORM. GGUF Llama models use it:
-//                             the HF→GGUF converter permutes the rows of W_q and W_k so that the adjacent
-//                             pairing on GGUF weights equals the half-split pairing on the HF weights.
-//   RopePairing::half_split   (x[i], x[i + d/2]) — "neox" / Hugging Face rotate_half (LLAMA_ROPE_TYPE_NEOX).
-// position_scale is 1 / factor of linear RoPE scaling (llama.cpp freq_scale); freq_factors are the optional
-// per-pair divisors of the θ_i (GGUF tensor rope_freqs.weight, which Llama 3.1 uses for its long-context
-// frequency scaling); pass nullptr for none.
+// RoPE element math (the rotation of core/rope.hpp's pairs by p · θ_i), shared by the CPU Llama backend
+// (backend/cpu/llama.hpp), the CUDA kernels (kernels/include/kvfuse/cuda/rope.cuh) and their CPU
+// references (ref/rope.hpp). θ_i always comes from the one table, kvfuse::rope_frequencies (core/rope.hpp).
 //
 // Rotations compose: R(φ1) R(φ2) = R(φ1 + φ2) and R(−φ) = R(φ)⁻¹. So K rotated at position p and then
 // rotated by Δ·θ_i equals K rotated at p + Δ: a cached chunk moves to new positions with ONE rotation
-// by Δ = new − old (rope_shift), without undoing the old rotation first.
+// by Δ = new − old (CacheBlend App. A, positional recovery; CpuLlama::rope_shift, ref::rope_shift,
+// cuda::rope_shift), without undoing the old rotation first. A negative multiplier is the inverse.
 //
-// Precision: θ_i, the angle position · θ_i and its cos / sin are evaluated in double and rounded to float
-// once; the rotation itself runs in float. llama.cpp evaluates the angle in float (θ_i by repeated float
-// multiplication), which loses ~|angle| · 2^-24 radians at large positions (5e-4 rad at position 8192 for
-// θ_0 = 1); the double angle makes apply(p + Δ) and apply(p) followed by shift(Δ) agree to float rounding
-// of the rotation alone, at any position.
+// Every caller pairs elements with rope_pair. The angle and the rotation come in two precisions, one per
+// consumer; nothing else differs:
+//   CPU backend  rope_cos_sin: θ_i in double (rope_frequencies' double output), the angle p · θ_i and its
+//                cos / sin in double, rounded to float once; rope_rotate_head / rope_rotate_pair rotate in
+//                float. Why double (the one deliberate difference): llama.cpp conformance and shift
+//                exactness. The backend's logits are what the llama.cpp / numpy conformance data and the
+//                independent double-precision forward are checked against, and with the double angle
+//                rope_shift(p → p + Δ) equals RoPE at p + Δ to the float rounding of the rotation alone, at
+//                any position. (llama.cpp forms the angle in float, θ_i by repeated float multiplication:
+//                off by ~|p·θ_i| · 2^-24 rad, a few 1e-4 rad at position 6000.)
+//   kernels      rope_cos_sin_f32 / rope_rotate_pair_f32 (below): everything in float, θ_i rounded to float
+//                once, the product p · θ exact as hi + lo, explicit fmas, so the host references and the
+//                device kernels agree bit for bit (up to sinf / cosf versus the device sincosf).
 //
 // Everything here is KVFUSE_HOST_DEVICE, fmt-free and allocation-free (pointer + sizes), so a CUDA kernel
 // runs the very functions the CPU backend and the tests run. Callers validate their inputs (head_dim even
-// and >= 2, base > 0); these functions do not check.
+// and >= 2, θ from rope_frequencies); these functions do not check.
 
 #include <cmath>
 #include <cstdint>
 
 #include "kvfuse/core/config.hpp"
+#include "kvfuse/core/rope.hpp"
 
 namespace kvfuse::detail {
-
-enum class RopePairing : int {
-  interleaved = 0,  // (x[2i], x[2i+1]), llama.cpp LLAMA_ROPE_TYPE_NORM (GGUF Llama)
-  half_split = 1,   // (x[i], x[i + d/2]), "neox" / HF rotate_half
-};
-
-struct RopeParams {
-  std::int64_t head_dim = 0;            // d: rotated dimensions of a head (even)
-  double base = 10000.0;                // frequency base (GGUF {arch}.rope.freq_base)
-  double position_scale = 1.0;          // linear scaling: 1 / rope.scaling.factor
-  const float* freq_factors = nullptr;  // d/2 divisors of θ_i (rope_freqs.weight), or nullptr
-  RopePairing pairing = RopePairing::interleaved;
-};
-
-// θ_i = base^(−2i/d) / freq_factor_i, in double.
-KVFUSE_HOST_DEVICE double rope_theta(const RopeParams& p, std::int64_t i) {
-  const double theta = std::pow(p.base, -2.0 * static_cast<double>(i) / static_cast<double>(p.head_dim));
-  return p.freq_factors != nullptr ? theta / static_cast<double>(p.freq_factors[i]) : theta;
-}
 
 // Element indices (first, second) of pair i.
 KVFUSE_HOST_DEVICE void rope_pair(RopePairing pairing, std::int64_t head_dim, std::int64_t i, std::int64_t& first,
@@ -67,7 +46,11 @@ KVFUSE_HOST_DEVICE void rope_pair(RopePairing pairing, std::int64_t head_dim, st
   }
 }
 
-// (a, b) -> (a cos − b sin, a sin + b cos): rotation of one pair by the angle whose cos / sin are given.
+// ---------------------------------------------------------------------------------------------------
+// Double-angle RoPE: the CPU backend's (see the top of this header for why double).
+
+// (a, b) -> (a cos − b sin, a sin + b cos) in float: rotation of one pair by the angle whose cos / sin are
+// given.
 KVFUSE_HOST_DEVICE void rope_rotate_pair(float& a, float& b, float cos_phi, float sin_phi) {
   const float x = a;
   const float y = b;
@@ -75,19 +58,20 @@ KVFUSE_HOST_DEVICE void rope_rotate_pair(float& a, float& b, float cos_phi, floa
   b = x * sin_phi + y * cos_phi;
 }
 
-// cos / sin of the angle position_scale · position · θ_i of each pair i (d/2 entries each), rounded from
-// double. `position` may be negative (an inverse rotation) or a position difference (a shift).
-KVFUSE_HOST_DEVICE void rope_cos_sin(const RopeParams& p, double position, float* cos_out, float* sin_out) {
-  const std::int64_t pairs = p.head_dim / 2;
+// cos / sin of the angle position · θ_i of each pair i (`pairs` entries each): θ_i from
+// rope_frequencies(config, double*), the product and cos / sin in double, rounded to float once.
+// `position` may be negative (an inverse rotation) or a position difference Δ (a shift).
+KVFUSE_HOST_DEVICE void rope_cos_sin(const double* theta, std::int64_t pairs, double position, float* cos_out,
+                                     float* sin_out) {
   for (std::int64_t i = 0; i < pairs; ++i) {
-    const double angle = p.position_scale * position * rope_theta(p, i);
+    const double angle = position * theta[i];
     cos_out[i] = static_cast<float>(std::cos(angle));
     sin_out[i] = static_cast<float>(std::sin(angle));
   }
 }
 
 // Rotates every pair of the head vector x (head_dim floats) by the angles whose cos / sin are given
-// (d/2 entries each, from rope_cos_sin): the form the CPU backend uses, one table per position for all heads.
+// (head_dim / 2 entries each, from rope_cos_sin): one table per position serves every head.
 KVFUSE_HOST_DEVICE void rope_rotate_head(float* x, std::int64_t head_dim, RopePairing pairing, const float* cos_phi,
                                          const float* sin_phi) {
   const std::int64_t pairs = head_dim / 2;
@@ -99,40 +83,13 @@ KVFUSE_HOST_DEVICE void rope_rotate_head(float* x, std::int64_t head_dim, RopePa
   }
 }
 
-// Rotates the head vector x by position · θ_i per pair, computing each angle on the fly (no table).
-KVFUSE_HOST_DEVICE void rope_rotate(float* x, const RopeParams& p, double position) {
-  const std::int64_t pairs = p.head_dim / 2;
-  for (std::int64_t i = 0; i < pairs; ++i) {
-    const double angle = p.position_scale * position * rope_theta(p, i);
-    std::int64_t first = 0;
-    std::int64_t second = 0;
-    rope_pair(p.pairing, p.head_dim, i, first, second);
-    rope_rotate_pair(x[first], x[second], static_cast<float>(std::cos(angle)), static_cast<float>(std::sin(angle)));
-  }
-}
-
-// RoPE of a head vector at `position` (what a Q or K projection gets before attention).
-KVFUSE_HOST_DEVICE void rope_apply(float* x, const RopeParams& p, std::int64_t position) {
-  rope_rotate(x, p, static_cast<double>(position));
-}
-
-// Undoes rope_apply(x, p, position).
-KVFUSE_HOST_DEVICE void rope_inverse(float* x, const RopeParams& p, std::int64_t position) {
-  rope_rotate(x, p, -static_cast<double>(position));
-}
-
-// Moves a head vector rotated at position `from` to position `to` with one rotation by Δ = to − from.
-KVFUSE_HOST_DEVICE void rope_shift(float* x, const RopeParams& p, std::int64_t from, std::int64_t to) {
-  rope_rotate(x, p, static_cast<double>(to - from));
-}
-
 // ---------------------------------------------------------------------------------------------------
 // fp32-angle RoPE: the element math of the CUDA kernels (kernels/include/kvfuse/cuda/rope.cuh) and of
 // their CPU references (include/kvfuse/ref/rope.hpp). The functions above keep double angles for the CPU
 // Llama backend; these evaluate everything in float, yet stay accurate at any position below 2^24:
 //
-//   θ_f    the frequency θ_i rounded to float ONCE on the host (ref::rope_frequencies), the value an
-//          engine's inv_freq buffer holds;
+//   θ_f    the frequency θ_i of rope_frequencies rounded to float ONCE on the host (its float overload,
+//          ref/rope.hpp), the value an engine's inv_freq buffer holds;
 //   p·θ_f  evaluated exactly as hi + lo: p is an integer with |p| < 2^24, exact in float, and
 //          lo = fma(p, θ_f, −hi) is the exact rounding error of hi = p·θ_f;
 //   reduction mod 2π by Cody–Waite with 2π = C1 + C2: k = rint(hi / 2π), hi − k·C1 is exact (fma, and

@@ -9,9 +9,10 @@
 // to keep are exactly the k largest keys: no tie logic anywhere. The radix select finds the k-th largest key
 // digit by digit from the top (radix_pass_shift / radix_pass_bits), and the selection is every key >= it.
 //
-// NaN policy: every NaN (any sign or payload) ranks above +inf, so a token whose recomputed or cached row
-// holds a NaN or an inf is recomputed first (a corrupted cached row gets overwritten); NaNs tie with each
-// other and go to the lower index. -0.0 and +0.0 are the same score.
+// The order is detail::ranks_before (detail/math.hpp), kvfuse's one top-k order, encoded as a key: every NaN
+// (any sign or payload) ranks above +inf, so a token whose recomputed or cached row holds a NaN or an inf is
+// recomputed first (a corrupted cached row gets overwritten); NaNs tie with each other and go to the lower
+// index; -0.0 and +0.0 are the same score. A unit test checks key order == ranks_before on special values.
 //
 // fmt-free and CUDA-free: kernels include it.
 

@@ -2,8 +2,8 @@
 // FusionMethod: the six ways to assemble a prompt's KV from stored chunk caches, as value types, and
 // FusionPlan, what a method decided for one prompt before any compute ran (plain data for tests and logs).
 //
-// Every method is the same layer-wise partial prefill (design.md, "The one loop all fusion methods share");
-// they differ only in where each chunk's KV comes from and in the selected set S_l:
+// Every method is the same layer-wise partial prefill (CacheBlend §4.3, Epic §4.2, Cache-Craft §3.2); they
+// differ only in where each chunk's KV comes from and in the selected set S_l:
 //   FullRecompute   S_l = every token; nothing loaded. The quality reference.
 //   PrefixCaching   the longest run of leading chunks stored as a prefix (each entry computed behind exactly
 //                   the same earlier chunks) is loaded; S_l = every token after it, on every layer. Exact.
@@ -46,8 +46,14 @@ namespace kvfuse {
 struct FullRecompute {};
 struct PrefixCaching {};
 struct NaiveReuse {};
+// Which cached tensor CacheBlend's per-token KV deviation compares, recomputed against cached (section 4.1).
+enum class KVTensor { key, value };
+
 struct CacheBlend {
   HKVDConfig config{};
+  // The engine computes the deviation of this tensor on check layers and HKVDSelector ranks it. CacheBlend's
+  // reference implementation ranks by V (the default).
+  KVTensor rank_by = KVTensor::value;
 };
 struct AttnLink {
   AttnLinkConfig config{};
@@ -147,17 +153,9 @@ namespace detail {
                           text));
 }
 
-// Where one chunk's KV comes from in a plan.
-enum class ChunkSource {
-  isolated,  // the chunk's own cache, computed alone at its stored positions (naive, CacheBlend, AttnLink)
-  prefix,    // a prefix-cache entry: computed behind exactly the chunks before it here (exact KV)
-  variant,   // a Cache-Craft variant: computed behind some earlier prompt's chunks
-  compute,   // no usable cache: every token of the chunk is recomputed on every layer
-};
-
 struct ChunkPlan {
   TokenRange range;                    // the chunk's rows in this prompt
-  ChunkSource source = ChunkSource::compute;
+  KVSource source = KVSource::compute;  // where the chunk's KV comes from
   KVKey key;                           // store key of the loaded KV (not for compute)
   std::int64_t stored_first_position = 0;  // where the stored K was rotated; the shift is range.begin − this
   // Cache-Craft: CFO of the chosen variant (eq. 12) and the chunk-local tokens it recomputes (eq. 14).

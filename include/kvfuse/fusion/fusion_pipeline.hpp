@@ -220,9 +220,9 @@ class FusionPipeline {
     bool prefix_broken = false;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
       ChunkPlan& c = plan.chunks[j];
-      if (c.source == ChunkSource::compute) continue;
+      if (c.source == KVSource::compute) continue;
       if (prefix_broken) {  // a prefix entry is only exact behind the entries before it
-        c.source = ChunkSource::compute;
+        c.source = KVSource::compute;
         continue;
       }
       t0 = std::chrono::steady_clock::now();
@@ -232,7 +232,7 @@ class FusionPipeline {
                           block->bytes.size() == LlamaKVCache::block_bytes(num_layers, out.kv.kv_dim, c.range.size());
       if (!usable) {
         ++out.rejected_entries;
-        if (c.source == ChunkSource::isolated) {  // recompute the chunk cache and put it back
+        if (c.source == KVSource::isolated) {  // recompute the chunk cache and put it back
           out.time.load_ms += detail::ms_since(t0);
           t0 = std::chrono::steady_clock::now();
           const LlamaKVCache fresh = model_->prefill_chunk(slice(tokens, c.range), 0);
@@ -242,8 +242,8 @@ class FusionPipeline {
           out.time.chunk_compute_ms += detail::ms_since(t0);
           t0 = std::chrono::steady_clock::now();
         } else {
-          prefix_broken = c.source == ChunkSource::prefix;
-          c.source = ChunkSource::compute;
+          prefix_broken = c.source == KVSource::prefix;
+          c.source = KVSource::compute;
           c.recompute.clear();
           out.time.load_ms += detail::ms_since(t0);
           continue;
@@ -314,7 +314,7 @@ class FusionPipeline {
         if (std::holds_alternative<PrefixCaching>(method)) {
           const KVKey key = prefix_key(prefix);
           prefix_open = prefix_open && store_->contains(key);
-          if (prefix_open) c = {pc.range, ChunkSource::prefix, key, pc.range.begin, 0.0, {}};
+          if (prefix_open) c = {pc.range, KVSource::prefix, key, pc.range.begin, 0.0, {}};
         } else if (const auto* craft = std::get_if<CacheCraft>(&method)) {
           // A chunk repeated within the prompt has no prefix-as-a-set score (eq. 6-7): it is recomputed.
           const bool repeated = std::find(ids.begin(), ids.end(), id) != ids.end();
@@ -323,7 +323,7 @@ class FusionPipeline {
           if (m) {
             // Cache-Craft eq. 12 with the method's alpha; the VariantCache chose the variant by its own alpha.
             const double cfo = cache_fix_overhead(m->score.cci, m->score.beta_adjusted, craft->alpha);
-            c = {pc.range, ChunkSource::variant, m->kv, variant_positions_.at(m->kv.content), cfo, {}};
+            c = {pc.range, KVSource::variant, m->kv, variant_positions_.at(m->kv.content), cfo, {}};
             const std::vector<VariantEntry> stored = variants_.variants(id);
             for (const VariantEntry& v : stored) {
               if (v.id != m->variant_id) continue;
@@ -333,7 +333,7 @@ class FusionPipeline {
           }
         } else if (!std::holds_alternative<FullRecompute>(method)) {
           const KVKey key = isolated_key(chunk);
-          if (store_->contains(key)) c = {pc.range, ChunkSource::isolated, key, 0, 0.0, {}};
+          if (store_->contains(key)) c = {pc.range, KVSource::isolated, key, 0, 0.0, {}};
         }
       }
       if (!pc.range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
@@ -347,15 +347,15 @@ class FusionPipeline {
   void finish_plan(FusionPlan& plan, const FusionMethod& method) const {
     const auto n = plan.layout.num_tokens();
     for (std::size_t j = 0; j < plan.chunks.size(); ++j)
-      plan.layout.chunks[j].cached = plan.chunks[j].source != ChunkSource::compute;
+      plan.layout.chunks[j].cached = plan.chunks[j].source != KVSource::compute;
     plan.initial.clear();
     if (std::holds_alternative<FullRecompute>(method) || std::holds_alternative<CacheBlend>(method)) {
       append_range(plan.initial, {0, n});  // CacheBlend: layer 0 computes every token (section 4.3)
     } else if (const auto* link = std::get_if<AttnLink>(&method)) {
-      plan.initial = AttnLinkBoundary(link->config).plan(plan.layout).tokens_for_layer(0);
+      plan.initial = AttnLinkBoundary(link->config).plan(plan.layout).tokens;
     } else {
       for (const ChunkPlan& c : plan.chunks) {
-        if (c.source == ChunkSource::compute) {
+        if (c.source == KVSource::compute) {
           append_range(plan.initial, c.range);
         } else {
           for (std::int64_t t : c.recompute) plan.initial.push_back(c.range.begin + t);
@@ -374,7 +374,10 @@ class FusionPipeline {
     if (const auto* blend = std::get_if<CacheBlend>(&method)) {
       auto selector = std::make_shared<HKVDSelector>(blend->config, plan.layout,
                                                      static_cast<int>(model_->config().n_layer));
-      const bool by_value = blend->config.rank_by == KVTensor::value;
+      detail::require(blend->rank_by == KVTensor::key || blend->rank_by == KVTensor::value,
+                      "FusionPipeline: CacheBlend::rank_by = {} is neither KVTensor::key nor KVTensor::value",
+                      static_cast<int>(blend->rank_by));
+      const bool by_value = blend->rank_by == KVTensor::value;
       return [selector, by_value](const LayerReport& r) {  // CacheBlend section 4.3, gradual filtering
         return selector->select(static_cast<int>(r.layer), r.selected, by_value ? r.v_deviation : r.k_deviation);
       };
@@ -384,7 +387,7 @@ class FusionPipeline {
     // Cache-Craft section 3.2.2: the candidates are the chunks whose tokens are being fixed.
     std::vector<std::size_t> candidates;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j)
-      if (plan.chunks[j].source == ChunkSource::variant && !plan.chunks[j].recompute.empty()) candidates.push_back(j);
+      if (plan.chunks[j].source == KVSource::variant && !plan.chunks[j].recompute.empty()) candidates.push_back(j);
     if (candidates.empty()) return {};
     options.attention_groups = &plan.layout;
     auto detector = std::make_shared<FocusedChunkDetector>(candidates.size(),

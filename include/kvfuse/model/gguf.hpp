@@ -24,8 +24,9 @@
 // dequantize() re-validate the GGUFTensorInfo they are given, so a hand-edited info cannot read outside the
 // file either. (A file truncated by another process while mapped can still raise SIGBUS: mmap's contract.)
 //
-// The block formats and dequantization math live in detail/ggml_quant.hpp (KVFUSE_HOST_DEVICE, shared with
-// CUDA kernels); this header adds the file handling and the checks.
+// The tensor types (GGMLType, ggml_type_traits) are in model/ggml_type.hpp, the block formats and
+// dequantization math in detail/ggml_quant.hpp (both KVFUSE_HOST_DEVICE, shared with CUDA kernels); this
+// header adds the file handling and the checks.
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -50,10 +51,9 @@
 
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/detail/ggml_quant.hpp"
+#include "kvfuse/model/ggml_type.hpp"
 
 namespace kvfuse {
-
-using GGMLType = detail::GGMLType;
 
 // GGUF metadata value types (gguf.md `gguf_metadata_value_type`); the numbers are the file's.
 enum class GGUFValueType : std::uint32_t {
@@ -128,7 +128,7 @@ struct GGUFKeyValue {
 
 // ggml's name of a tensor type ("Q4_1"), or "type <n>" for a number that is no ggml type.
 [[nodiscard]] inline std::string ggml_type_name(GGMLType type) {
-  const detail::GGMLTypeTraits traits = detail::ggml_type_traits(static_cast<std::uint32_t>(type));
+  const GGMLTypeTraits traits = ggml_type_traits(type);
   return traits.name != nullptr ? std::string(traits.name) : fmt::format("type {}", static_cast<std::uint32_t>(type));
 }
 
@@ -161,7 +161,7 @@ namespace detail {
 // Bytes of a tensor of `type` with `dims`, or an error naming the tensor when the dims are negative, their
 // product overflows int64, ne0 is not a whole number of blocks, or the type is not a ggml type.
 inline std::uint64_t gguf_tensor_nbytes(std::string_view name, std::span<const std::int64_t> dims, GGMLType type) {
-  const GGMLTypeTraits traits = ggml_type_traits(static_cast<std::uint32_t>(type));
+  const GGMLTypeTraits traits = ggml_type_traits(type);
   require(traits.name != nullptr, "GGUF: tensor '{}' has unknown ggml type {}", name, static_cast<std::uint32_t>(type));
   require(dims.size() <= 4, "GGUF: tensor '{}' has n_dims {} > 4", name, dims.size());
   // The product of the non-zero dims must fit, so that element and row counts never overflow, even of
@@ -666,7 +666,7 @@ class GGUFFile {
 
   // The type must be dequantizable and the rows inside the (checked) tensor.
   static void check_dequantizable(const GGUFTensorInfo& info, std::int64_t first_row, std::int64_t n_rows) {
-    const detail::GGMLTypeTraits traits = detail::ggml_type_traits(static_cast<std::uint32_t>(info.type));
+    const GGMLTypeTraits traits = ggml_type_traits(info.type);
     if (!traits.dequantizable) {
       throw error(
           fmt::format("GGUF: unsupported tensor type {} of '{}' (kvfuse dequantizes F32, F16, BF16, Q4_0, "
@@ -681,11 +681,11 @@ class GGUFFile {
 
   void dequantize_rows_unchecked(const GGUFTensorInfo& info, std::int64_t first_row, std::int64_t n_rows,
                                  float* out) const {
-    const detail::GGMLTypeTraits traits = detail::ggml_type_traits(static_cast<std::uint32_t>(info.type));
+    const GGMLTypeTraits traits = ggml_type_traits(info.type);
     const std::int64_t blocks_per_row = info.row_length() / traits.block_size;
     const std::uint8_t* src =
         bytes_.data() + info.file_offset + static_cast<std::uint64_t>(first_row * blocks_per_row * traits.type_size);
-    detail::dequantize_blocks(static_cast<std::uint32_t>(info.type), src, n_rows * blocks_per_row, out);
+    detail::dequantize_blocks(info.type, src, n_rows * blocks_per_row, out);
   }
 
   void parse_bytes(std::span<const std::uint8_t> bytes) {

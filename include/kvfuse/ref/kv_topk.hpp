@@ -28,6 +28,7 @@
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/detail/math.hpp"
 #include "kvfuse/detail/topk.hpp"
 
 namespace kvfuse {
@@ -59,15 +60,10 @@ struct TopKArgs {
   std::int64_t k = 0;               // 0 <= k <= num_items
 };
 
-// The number of tokens a ratio keeps, rounded as HKVDSelector::budget does (select/hkvd_selector.hpp:
-// floor(r * n + 0.5), the nearest integer, halves up), so a GPU selection keeps exactly as many tokens as the
-// host selector. Ratios outside [0, 1] are clamped; NaN gives 0.
-[[nodiscard]] inline std::int64_t top_k_count(double ratio, std::int64_t n) noexcept {
-  if (n <= 0 || !(ratio > 0.0)) return 0;
-  if (ratio >= 1.0) return n;
-  const auto k = static_cast<std::int64_t>(std::floor(ratio * static_cast<double>(n) + 0.5));
-  return k > n ? n : k;
-}
+// The number of tokens a ratio keeps, rounded as HKVDSelector keeps them (detail::keep_count: the nearest
+// integer, halves up), so a GPU selection keeps exactly as many tokens as the host selector. Ratios outside
+// [0, 1] are clamped; NaN gives 0.
+[[nodiscard]] inline std::int64_t top_k_count(double ratio, std::int64_t n) noexcept { return detail::keep_count(ratio, n); }
 
 namespace detail {
 inline bool kv_topk_dtype_known(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }

@@ -1,5 +1,5 @@
 #pragma once
-// RoPE kernels' arguments, validation and frequency table (namespace kvfuse) and CPU references
+// RoPE kernels' arguments, validation and float frequency table (namespace kvfuse) and CPU references
 // (kvfuse::ref::rope_apply, rope_inverse, rope_shift). The CUDA launchers (kernels/include/kvfuse/cuda/rope.cuh) take the same
 // RopeArgs, run the same validate(), and the same element math (detail/rope.hpp, fp32 angles); the
 // references run it on host memory, element by element, so CI checks the kernels' math without a GPU.
@@ -22,46 +22,25 @@
 //   rope_inverse  angle −positions[t]·θ_i                       (un-rotate cached K)
 //   rope_shift    angle (new_positions[t] − positions[t])·θ_i   (move cached K from old to new positions
 //                 with ONE rotation: R(Δθ)·R(pθ) = R((p + Δ)θ))
-// θ_i per pair comes from ref::rope_frequencies() (base, optional linear or Llama-3.1 scaling), rounded to
-// float once and carried by value in RopeArgs::theta. Positions and Δ must satisfy |p| < 2^24 (the float
-// angle is exact there); the references refuse others, the kernels cannot read device positions before
-// launching and lose accuracy beyond that range (memory-safe).
+// θ_i per pair comes from rope_frequencies() (core/rope.hpp: base, optional linear or Llama-3.1 scaling,
+// the table the CPU backend uses too), rounded to float once (the float overload here) and carried by
+// value in RopeArgs::theta. Positions and Δ must satisfy |p| < 2^24 (the float angle is exact there); the
+// references refuse others, the kernels cannot read device positions before launching and lose accuracy
+// beyond that range (memory-safe).
 //
 // Host-only, fmt-free and CUDA-free: includes no CUDA header, refuses with kvfuse::refuse().
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "kvfuse/core/dtype.hpp"
+#include "kvfuse/core/rope.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/detail/rope.hpp"
 
 namespace kvfuse {
 
-using detail::RopePairing;
-
 // Pairs of the largest supported head (256): the size of the frequency table.
 inline constexpr int rope_max_pairs = 128;
-
-// Frequency scaling of the θ_i (HF config.json rope_scaling.rope_type).
-enum class RopeScaling : int {
-  none = 0,    // θ_i = base^(−2i/d)                          ("default")
-  linear = 1,  // θ_i / factor                                ("linear", position interpolation)
-  llama3 = 2,  // Llama 3.1 wavelength-dependent scaling      ("llama3")
-};
-
-// Settings of the θ table, as a model's config states them.
-struct RopeFrequencyConfig {
-  std::int64_t head_dim = 128;
-  std::int64_t rotary_dim = 0;  // 0 = head_dim; anything else (partial rotary) is refused: unsupported
-  double base = 10000.0;        // rope_theta
-  RopeScaling scaling = RopeScaling::none;
-  double factor = 1.0;                      // linear, llama3 (Llama 3.1: 8)
-  double low_freq_factor = 1.0;             // llama3 (Llama 3.1: 1)
-  double high_freq_factor = 4.0;            // llama3 (Llama 3.1: 4)
-  double original_max_position = 8192.0;    // llama3: original_max_position_embeddings (Llama 3.1: 8192)
-};
 
 // Strides in elements of one side (input or output) of a RoPE view; layer is unused when num_layers == 1.
 struct RopeStrides {
@@ -113,24 +92,9 @@ enum class RopeOp : int { apply = 0, inverse = 1, shift = 2 };
   return {head_dim, num_tokens * head_dim, num_tokens * num_heads * head_dim};
 }
 
-// Maps an HF rope_scaling.rope_type to RopeScaling: "default" (or "" / "none") → none, "linear",
-// "llama3"; any other name ("yarn", "dynamic", "longrope", ...) is refused: unsupported.
-[[nodiscard]] inline Status rope_scaling_from_name(const char* name, RopeScaling& scaling) noexcept {
-  if (name == nullptr) return refuse(Status::invalid_argument, "rope: scaling type name is null");
-  if (std::strcmp(name, "default") == 0 || std::strcmp(name, "none") == 0 || name[0] == '\0') {
-    scaling = RopeScaling::none;
-  } else if (std::strcmp(name, "linear") == 0) {
-    scaling = RopeScaling::linear;
-  } else if (std::strcmp(name, "llama3") == 0) {
-    scaling = RopeScaling::llama3;
-  } else {
-    return refuse(Status::unsupported, "rope: scaling type \"%s\" is not supported (default, linear, llama3)", name);
-  }
-  return Status::success;
-}
+namespace rope_checks {
 
-namespace rope_detail {
-
+// The head sizes the kernels (and RopeArgs::theta) support.
 [[nodiscard]] inline Status check_head_dim(const char* what, std::int64_t head_dim) noexcept {
   if (head_dim <= 0 || head_dim % 2 != 0)
     return refuse(Status::invalid_argument, "%s: head_dim %lld is not a positive even number", what,
@@ -140,8 +104,6 @@ namespace rope_detail {
                   static_cast<long long>(head_dim));
   return Status::success;
 }
-
-[[nodiscard]] inline bool positive_finite(double v) noexcept { return std::isfinite(v) && v > 0; }
 
 // Checks one side (input or output) of the view: sizes, alignment, non-overlapping rows, total extent.
 [[nodiscard]] inline Status check_view(const char* what, const char* side, const void* data, const RopeStrides& s,
@@ -216,66 +178,17 @@ inline void view_range(const void* data, const RopeStrides& s, const RopeArgs& a
          (a.num_layers <= 1 || a.in_strides.layer == a.out_strides.layer);
 }
 
-}  // namespace rope_detail
+}  // namespace rope_checks
 
-// Fills theta[0 .. head_dim/2) with θ_i = base^(−2i/d), scaled, computed in double and rounded to float
-// once. llama3 is Meta's Llama 3.1 apply_scaling (HF _compute_llama3_parameters): with wavelength
-// λ_i = 2π/θ_i, λ_low = original_max_position / low_freq_factor, λ_high = original_max_position /
-// high_freq_factor:  λ_i < λ_high → θ_i;  λ_i > λ_low → θ_i / factor;  otherwise, with
-// s = (original_max_position / λ_i − low_freq_factor) / (high_freq_factor − low_freq_factor),
-// (1 − s)·θ_i / factor + s·θ_i. Refuses partial rotary and unknown scaling (unsupported) and bad values
-// (invalid_argument); writes nothing then.
+// The kernels' frequency table: rope_frequencies(c, double*) (core/rope.hpp, the one formula) rounded to
+// float once, for RopeArgs::theta. head_dim must also be one the kernels support (64, 128 or 256: other
+// even values are unsupported). Refuses what the double table refuses; writes nothing then.
 [[nodiscard]] inline Status rope_frequencies(const RopeFrequencyConfig& c, float* theta) noexcept {
-  if (const Status s = rope_detail::check_head_dim("rope_frequencies", c.head_dim); s != Status::success) return s;
-  if (c.rotary_dim != 0 && c.rotary_dim != c.head_dim)
-    return refuse(Status::unsupported, "rope_frequencies: partial rotary (rotary_dim %lld of head_dim %lld) is not supported",
-                  static_cast<long long>(c.rotary_dim), static_cast<long long>(c.head_dim));
+  if (const Status s = rope_checks::check_head_dim("rope_frequencies", c.head_dim); s != Status::success) return s;
   if (theta == nullptr) return refuse(Status::invalid_argument, "rope_frequencies: theta pointer is null");
-  if (!rope_detail::positive_finite(c.base))
-    return refuse(Status::invalid_argument, "rope_frequencies: base %g is not a positive finite number", c.base);
-  switch (c.scaling) {
-    case RopeScaling::none: break;
-    case RopeScaling::linear:
-      if (!rope_detail::positive_finite(c.factor))
-        return refuse(Status::invalid_argument, "rope_frequencies: linear scaling factor %g is not positive", c.factor);
-      break;
-    case RopeScaling::llama3:
-      if (!rope_detail::positive_finite(c.factor))
-        return refuse(Status::invalid_argument, "rope_frequencies: llama3 factor %g is not positive", c.factor);
-      if (!rope_detail::positive_finite(c.low_freq_factor) || !rope_detail::positive_finite(c.high_freq_factor) ||
-          !(c.high_freq_factor > c.low_freq_factor))
-        return refuse(Status::invalid_argument,
-                      "rope_frequencies: llama3 low_freq_factor %g and high_freq_factor %g must be positive and "
-                      "increasing",
-                      c.low_freq_factor, c.high_freq_factor);
-      if (!rope_detail::positive_finite(c.original_max_position))
-        return refuse(Status::invalid_argument, "rope_frequencies: llama3 original_max_position %g is not positive",
-                      c.original_max_position);
-      break;
-    default:
-      return refuse(Status::unsupported, "rope_frequencies: unknown scaling type %d",
-                    static_cast<int>(c.scaling));
-  }
-  const std::int64_t pairs = c.head_dim / 2;
-  for (std::int64_t i = 0; i < pairs; ++i) {
-    double t = std::pow(c.base, -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
-    if (c.scaling == RopeScaling::linear) {
-      t /= c.factor;
-    } else if (c.scaling == RopeScaling::llama3) {
-      constexpr double two_pi = 6.283185307179586476925;
-      const double wavelength = two_pi / t;
-      const double low_wavelength = c.original_max_position / c.low_freq_factor;
-      const double high_wavelength = c.original_max_position / c.high_freq_factor;
-      if (wavelength > low_wavelength) {
-        t /= c.factor;
-      } else if (wavelength >= high_wavelength) {
-        const double s = (c.original_max_position / wavelength - c.low_freq_factor) /
-                         (c.high_freq_factor - c.low_freq_factor);
-        t = (1.0 - s) * t / c.factor + s * t;
-      }
-    }
-    theta[i] = static_cast<float>(t);
-  }
+  double exact[rope_max_pairs];
+  if (const Status s = rope_frequencies(c, exact); s != Status::success) return s;
+  for (std::int64_t i = 0; i < c.head_dim / 2; ++i) theta[i] = static_cast<float>(exact[i]);
   return Status::success;
 }
 
@@ -294,7 +207,7 @@ inline void view_range(const void* data, const RopeStrides& s, const RopeArgs& a
   if (a.pairing != RopePairing::interleaved && a.pairing != RopePairing::half_split)
     return refuse(Status::unsupported, "%s: pairing %d is not interleaved or half_split", what,
                   static_cast<int>(a.pairing));
-  if (const Status s = rope_detail::check_head_dim(what, a.head_dim); s != Status::success) return s;
+  if (const Status s = rope_checks::check_head_dim(what, a.head_dim); s != Status::success) return s;
   if (a.num_tokens < 0 || a.num_tokens > INT32_MAX)
     return refuse(Status::invalid_argument, "%s: num_tokens %lld is outside [0, 2^31)", what,
                   static_cast<long long>(a.num_tokens));
@@ -314,10 +227,10 @@ inline void view_range(const void* data, const RopeStrides& s, const RopeArgs& a
   if (a.positions == nullptr) return refuse(Status::invalid_argument, "%s: positions pointer is null", what);
   if (op == RopeOp::shift && a.new_positions == nullptr)
     return refuse(Status::invalid_argument, "%s: new_positions pointer is null", what);
-  if (const Status s = rope_detail::check_view(what, "in", a.in, a.in_strides, a); s != Status::success) return s;
-  if (const Status s = rope_detail::check_view(what, "out", a.out, a.out_strides, a); s != Status::success) return s;
+  if (const Status s = rope_checks::check_view(what, "in", a.in, a.in_strides, a); s != Status::success) return s;
+  if (const Status s = rope_checks::check_view(what, "out", a.out, a.out_strides, a); s != Status::success) return s;
   if (a.out == a.in) {
-    if (!rope_detail::same_strides(a))
+    if (!rope_checks::same_strides(a))
       return refuse(Status::invalid_argument,
                     "%s: in place (out == in) needs out strides equal to in strides (token %lld/%lld, head "
                     "%lld/%lld, layer %lld/%lld)",
@@ -326,14 +239,14 @@ inline void view_range(const void* data, const RopeStrides& s, const RopeArgs& a
                     static_cast<long long>(a.out_strides.layer), static_cast<long long>(a.in_strides.layer));
   } else {
     std::uintptr_t in_begin = 0, in_end = 0, out_begin = 0, out_end = 0;
-    rope_detail::view_range(a.in, a.in_strides, a, in_begin, in_end);
-    rope_detail::view_range(a.out, a.out_strides, a, out_begin, out_end);
+    rope_checks::view_range(a.in, a.in_strides, a, in_begin, in_end);
+    rope_checks::view_range(a.out, a.out_strides, a, out_begin, out_end);
     if (in_begin < out_end && out_begin < in_end)
       return refuse(Status::invalid_argument, "%s: out %p overlaps in %p (out of place needs disjoint views)", what,
                     static_cast<void*>(a.out), a.in);
   }
   for (std::int64_t i = 0; i < a.head_dim / 2; ++i) {
-    if (!rope_detail::positive_finite(static_cast<double>(a.theta[i])))
+    if (!rope_checks::positive_finite(static_cast<double>(a.theta[i])))
       return refuse(Status::invalid_argument,
                     "%s: theta[%lld] = %g is not a positive finite frequency (fill it with rope_frequencies)", what,
                     static_cast<long long>(i), static_cast<double>(a.theta[i]));

@@ -1,5 +1,6 @@
 #pragma once
-// BidirectionalLoader — Cake (cake-icml2025.txt, section 4 and appendix A, Algorithm 1).
+// BidirectionalLoader — Cake ("Compute Or Load KV Cache? Why Not Both?", ICML 2025: section 4 and
+// appendix A, Algorithm 1).
 //
 // What it does: prepares the KV of a prompt whose prefix KV is stored (prefix cache on disk, remote
 // store) by computing chunked prefill from token 0 forward while fetching stored KV from the end of the
@@ -23,21 +24,23 @@
 //
 // Missing or failing store entries (evicted between lookup and fetch, a store that goes away) stop the
 // loads; the compute side then covers the rest. The failure is recorded in the trace, nothing is lost.
+//
+// Two drivers run the same race (detail::CakeRace): BidirectionalLoader::run, in virtual time, for backends
+// that model their costs (CostModeledCompute / CostModeledStore: simulations, what-if planning), here; and
+// run_threaded (schedule/threaded_loader.hpp, umbrella kvfuse/runtime.hpp), two real threads on the steady
+// clock, for real backends. This header starts no thread.
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/core/error.hpp"
@@ -80,11 +83,9 @@ struct LoaderEstimate {
   }
 };
 
-enum class KVSource { computed, loaded };
-
 struct LoaderStep {
   TokenRange tokens;
-  KVSource source = KVSource::computed;
+  KVSource source = KVSource::compute;  // compute (from the front) or prefix (a stored entry, from the back)
   double start_s = 0;
   double end_s = 0;   // when the step finished; for abandoned loads, when it was abandoned
   bool used = true;   // false: abandoned or made redundant by the other side
@@ -165,7 +166,7 @@ class CakeRace {
   }
 
   void compute_done(TokenRange r, double start, double end) {
-    trace_.steps.push_back({r, KVSource::computed, start, end, true});
+    trace_.steps.push_back({r, KVSource::compute, start, end, true});
     const double d = end - start;
     if (d > 0 && r.size() > 0) {
       observed_compute_ = Observation{r.begin / cfg_.compute_chunk, d * static_cast<double>(cfg_.compute_chunk) /
@@ -176,7 +177,7 @@ class CakeRace {
   }
 
   void fetch_done(TokenRange r, double start, double end) {
-    trace_.steps.push_back({r, KVSource::loaded, start, end, true});
+    trace_.steps.push_back({r, KVSource::prefix, start, end, true});
     observed_fetch_s_ = end - start;
     l_ = std::min(l_, r.begin);
     if (covered()) mark_cover(end);
@@ -184,7 +185,7 @@ class CakeRace {
 
   // A load failed or its entry was missing: stop loading; compute covers everything not yet loaded.
   void fetch_failed(TokenRange r, double start, double end, std::string why) {
-    trace_.steps.push_back({r, KVSource::loaded, start, end, false});
+    trace_.steps.push_back({r, KVSource::prefix, start, end, false});
     loads_enabled_ = false;
     compute_limit_ = -1;
     trace_.load_failure = std::move(why);
@@ -194,14 +195,14 @@ class CakeRace {
   void stop_loads() noexcept { loads_enabled_ = false; }
 
   void fetch_abandoned(TokenRange r, double start, double end) {
-    trace_.steps.push_back({r, KVSource::loaded, start, end, false});
+    trace_.steps.push_back({r, KVSource::prefix, start, end, false});
   }
 
   // The loaded ranges whose KV must be installed: every successful fetch at or after the meeting point.
   [[nodiscard]] std::vector<TokenRange> ranges_to_install() const {
     std::vector<TokenRange> out;
     for (const LoaderStep& s : trace_.steps)
-      if (s.source == KVSource::loaded && s.used && s.tokens.end > c_) out.push_back(s.tokens);
+      if (s.source == KVSource::prefix && s.used && s.tokens.end > c_) out.push_back(s.tokens);
     return out;
   }
 
@@ -210,14 +211,14 @@ class CakeRace {
     // Race compute steps end at or before the stored prefix; the suffix steps start at it.
     trace_.meet_token = 0;
     for (const LoaderStep& s : trace_.steps)
-      if (s.source == KVSource::computed && s.tokens.end <= stored_)
+      if (s.source == KVSource::compute && s.tokens.end <= stored_)
         trace_.meet_token = std::max(trace_.meet_token, s.tokens.end);
     trace_.loaded_tokens = stored_ - trace_.meet_token;
     trace_.computed_tokens = trace_.meet_token + (n_ - stored_);
     trace_.ready_s = std::max(ready_s, trace_.cover_s);
     // Loads wholly inside the computed prefix were redundant.
     for (LoaderStep& s : trace_.steps)
-      if (s.source == KVSource::loaded && s.tokens.end <= trace_.meet_token) s.used = false;
+      if (s.source == KVSource::prefix && s.tokens.end <= trace_.meet_token) s.used = false;
     std::sort(trace_.steps.begin(), trace_.steps.end(),
               [](const LoaderStep& a, const LoaderStep& b) { return a.start_s < b.start_s; });
     return std::move(trace_);
@@ -295,6 +296,45 @@ class CakeRace {
   LoaderTrace trace_;
 };
 
+// The store key of the fetch chunk starting at r.begin.
+[[nodiscard]] inline KVKey cake_key_of(const std::vector<KVKey>& keys, TokenRange r, std::int64_t fetch_chunk) {
+  return keys[static_cast<std::size_t>(r.begin / fetch_chunk)];
+}
+
+// Fetch and validate one stored chunk; an empty optional plus `why` on a miss or a wrong-sized block.
+template <KVStore Store>
+std::optional<KVBlock> cake_fetch(Store& store, const KVKey& key, TokenRange r, std::string& why) {
+  std::optional<KVBlock> block = store.get(key);
+  if (!block) {
+    why = fmt::format("stored KV for tokens {} is missing (evicted after lookup?)", r);
+  } else if (block->num_tokens != r.size()) {
+    why = fmt::format("stored KV for tokens {} holds {} tokens, expected {}", r, block->num_tokens, r.size());
+    block.reset();
+  }
+  return block;
+}
+
+// Install the loaded blocks the compute side did not cover, in order.
+template <ComputeBackend Compute>
+void cake_install(const CakeRace& race, Compute& compute, const std::map<std::int64_t, KVBlock>& loaded) {
+  for (TokenRange r : race.ranges_to_install()) compute.install_kv(r, loaded.at(r.begin));
+}
+
+// The tokens after the stored prefix: plain chunked prefill on the compute chunk grid, chunk after chunk
+// from `start`. `run(r, start)` computes r and returns when it ended. Returns when the last chunk ended.
+template <class RunChunk>
+double cake_compute_after_prefix(CakeRace& race, std::int64_t stored, std::int64_t n, std::int64_t compute_chunk,
+                                 double start, RunChunk run) {
+  for (std::int64_t b = stored; b < n;) {
+    const TokenRange r = grid_chunk(b, n, compute_chunk);
+    const double end = run(r, start);
+    race.compute_done(r, start, end);
+    start = end;
+    b = r.end;
+  }
+  return start;
+}
+
 }  // namespace detail
 
 template <ComputeBackend Compute, KVStore Store>
@@ -318,22 +358,20 @@ class BidirectionalLoader {
     return stored;
   }
 
-  // Makes the KV of every token of `tokens` resident in `compute`. Virtual time when both backends are
-  // cost-modelled, otherwise two real threads and the steady clock (times relative to the call). With real
-  // threads a fetch still in flight at the meeting point cannot be cancelled (KVStore::get blocks): run()
-  // joins it, so ready_s includes its rest; cover_s is the meeting time.
-  LoaderTrace run(Compute& compute, Store& store, std::span<const token_id> tokens) const {
+  // Makes the KV of every token of `tokens` resident in `compute`, in virtual time: a deterministic
+  // discrete-event schedule of the backends' modelled costs (times from 0). Real backends run the same race
+  // on two threads with run_threaded (schedule/threaded_loader.hpp).
+  LoaderTrace run(Compute& compute, Store& store, std::span<const token_id> tokens) const
+    requires(CostModeledCompute<Compute> && CostModeledStore<Store>)
+  {
     const auto n = static_cast<std::int64_t>(tokens.size());
     const std::int64_t stored = stored_prefix(compute, store, tokens);
     const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg_.fetch_chunk);
     detail::CakeRace race(cfg_, est_, stored, n);
-    if constexpr (CostModeledCompute<Compute> && CostModeledStore<Store>) {
-      return run_virtual(race, compute, store, keys, n, stored);
-    } else {
-      return run_threads(race, compute, store, keys, n, stored);
-    }
+    return run_virtual(race, compute, store, keys, n, stored);
   }
 
+  [[nodiscard]] const LoaderEstimate& estimate() const noexcept { return est_; }
   [[nodiscard]] const LoaderConfig& config() const noexcept { return cfg_; }
 
  private:
@@ -344,29 +382,10 @@ class BidirectionalLoader {
     bool active = false;
   };
 
-  [[nodiscard]] KVKey key_of(const std::vector<KVKey>& keys, TokenRange r) const {
-    return keys[static_cast<std::size_t>(r.begin / cfg_.fetch_chunk)];
-  }
-
-  // Fetch and validate one stored chunk; an empty optional plus `why` on a miss or a wrong-sized block.
-  static std::optional<KVBlock> fetch(Store& store, const KVKey& key, TokenRange r, std::string& why) {
-    std::optional<KVBlock> block = store.get(key);
-    if (!block) {
-      why = fmt::format("stored KV for tokens {} is missing (evicted after lookup?)", r);
-    } else if (block->num_tokens != r.size()) {
-      why = fmt::format("stored KV for tokens {} holds {} tokens, expected {}", r, block->num_tokens, r.size());
-      block.reset();
-    }
-    return block;
-  }
-
-  // Install the loaded blocks the compute side did not cover, in order.
-  static void install(const detail::CakeRace& race, Compute& compute, const std::map<std::int64_t, KVBlock>& loaded) {
-    for (TokenRange r : race.ranges_to_install()) compute.install_kv(r, loaded.at(r.begin));
-  }
-
   LoaderTrace run_virtual(detail::CakeRace& race, Compute& compute, Store& store, const std::vector<KVKey>& keys,
-                          std::int64_t n, std::int64_t stored) const {
+                          std::int64_t n, std::int64_t stored) const
+    requires(CostModeledCompute<Compute> && CostModeledStore<Store>)
+  {
     constexpr double never = std::numeric_limits<double>::infinity();
     double now = 0;
     InFlight comp, io;  // `active` says whether each side has a step in flight
@@ -375,9 +394,9 @@ class BidirectionalLoader {
       if (!io.active) {
         if (auto r = race.next_fetch()) {
           std::string why;
-          if (auto block = fetch(store, key_of(keys, *r), *r, why)) {
+          if (auto block = detail::cake_fetch(store, detail::cake_key_of(keys, *r, cfg_.fetch_chunk), *r, why)) {
             loaded[r->begin] = std::move(*block);
-            io = {*r, now, store.load_finish_s(key_of(keys, *r), r->size(), now), true};
+            io = {*r, now, store.load_finish_s(detail::cake_key_of(keys, *r, cfg_.fetch_chunk), r->size(), now), true};
           } else {
             race.fetch_failed(*r, now, now, why);
           }
@@ -421,99 +440,13 @@ class BidirectionalLoader {
       race.compute_done(comp.range, comp.start, comp.end);
       gpu_free = comp.end;
     }
-    install(race, compute, loaded);
-    // Tokens after the stored prefix: plain chunked prefill.
-    for (std::int64_t b = stored; b < n;) {
-      const TokenRange r = grid_chunk(b, n, cfg_.compute_chunk);
-      const double end = compute.compute_finish_s(r, gpu_free);
+    detail::cake_install(race, compute, loaded);
+    gpu_free = detail::cake_compute_after_prefix(race, stored, n, cfg_.compute_chunk, gpu_free, [&](TokenRange r, double start) {
+      const double end = compute.compute_finish_s(r, start);
       compute.compute_kv(r);
-      race.compute_done(r, gpu_free, end);
-      gpu_free = end;
-      b = r.end;
-    }
-    return race.finish(gpu_free);
-  }
-
-  LoaderTrace run_threads(detail::CakeRace& race, Compute& compute, Store& store, const std::vector<KVKey>& keys,
-                          std::int64_t n, std::int64_t stored) const {
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
-    auto since = [t0] { return std::chrono::duration<double>(clock::now() - t0).count(); };
-
-    std::mutex m;
-    std::condition_variable cv;
-    double fetch_start = detail::kNoFetch;
-    std::map<std::int64_t, KVBlock> loaded;
-    std::exception_ptr compute_error;
-
-    std::thread io_thread([&] {
-      std::unique_lock lock(m);
-      while (auto r = race.next_fetch()) {
-        const double start = since();
-        fetch_start = start;
-        const KVKey key = key_of(keys, *r);
-        lock.unlock();
-        std::string why;
-        std::optional<KVBlock> block;
-        try {
-          block = fetch(store, key, *r, why);
-        } catch (const std::exception& e) {
-          why = fmt::format("loading tokens {} failed: {}", *r, e.what());
-        } catch (...) {
-          why = fmt::format("loading tokens {} failed with a non-standard exception", *r);
-        }
-        lock.lock();
-        fetch_start = detail::kNoFetch;
-        if (block) {
-          loaded[r->begin] = std::move(*block);
-          race.fetch_done(*r, start, since());
-        } else {
-          race.fetch_failed(*r, start, since(), why);
-        }
-        cv.notify_all();
-      }
+      return end;
     });
-
-    // Compute worker: this thread.
-    double gpu_free = 0;
-    {
-      std::unique_lock lock(m);
-      for (;;) {
-        TokenRange r;
-        const auto decision = race.decide_compute(since(), fetch_start, r);
-        if (decision == detail::CakeRace::Decision::done) break;
-        if (decision != detail::CakeRace::Decision::start) {
-          cv.wait_for(lock, std::chrono::milliseconds(1));
-          continue;
-        }
-        race.compute_started(since());
-        const double start = since();
-        lock.unlock();
-        try {
-          compute.compute_kv(r);
-        } catch (...) {
-          compute_error = std::current_exception();
-        }
-        lock.lock();
-        if (compute_error) {
-          race.stop_loads();
-          break;
-        }
-        gpu_free = since();
-        race.compute_done(r, start, gpu_free);
-      }
-    }
-    io_thread.join();
-    if (compute_error) std::rethrow_exception(compute_error);
-    install(race, compute, loaded);
-    for (std::int64_t b = stored; b < n;) {
-      const TokenRange r = grid_chunk(b, n, cfg_.compute_chunk);
-      const double start = since();
-      compute.compute_kv(r);
-      race.compute_done(r, start, since());
-      b = r.end;
-    }
-    return race.finish(since());
+    return race.finish(gpu_free);
   }
 
   LoaderConfig cfg_;

@@ -1,5 +1,5 @@
 #pragma once
-// PreloadPlanner — Cache-Craft's layer-wise preloading of chunk-caches (cache-craft.txt section 3.4.2,
+// PreloadPlanner — Cache-Craft's layer-wise preloading of chunk-caches (Cache-Craft section 3.4.2,
 // eq. 16, Algorithm 2, Fig. 19). While the GPU computes layer l, the chunk-caches of later layers are
 // loaded from host memory or SSD into an HBM read buffer. When loading a layer takes longer than
 // computing one, loading only one layer ahead leaves the GPU waiting between layers; preloading L_p

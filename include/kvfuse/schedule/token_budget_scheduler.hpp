@@ -1,5 +1,5 @@
 #pragma once
-// TokenBudgetScheduler — Cake's adaptive token-budget scheduling (cake-icml2025.txt, sections 3 and 5.4).
+// TokenBudgetScheduler — Cake's adaptive token-budget scheduling (Cake, ICML 2025: sections 3 and 5.4).
 //
 // What it does: splits one engine step's token budget between requests: first one token to every
 // decode request, then chunked prefill of requests without a prefix-cache hit (first come, first

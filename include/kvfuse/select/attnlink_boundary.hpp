@@ -1,5 +1,5 @@
 #pragma once
-// AttnLinkBoundary — Epic's AttnLink (epic.txt section 4.2): recompute only k tokens at every chunk
+// AttnLinkBoundary — Epic's AttnLink (Epic, section 4.2): recompute only k tokens at every chunk
 // boundary, plus the query, and reuse the stored KV of everything else. The selected set is decided
 // before prefill from the prompt's layout alone ("static attention sparsity") and is the same at every
 // layer.
@@ -77,16 +77,11 @@ struct AttnLinkChunkSelection {
   friend constexpr bool operator==(const AttnLinkChunkSelection&, const AttnLinkChunkSelection&) = default;
 };
 
+// AttnLink's set is static: every layer recomputes the same `tokens` (section 4.2.1, eq. 1-3 at layer i).
 struct AttnLinkPlan {
   TokenSet tokens;                             // sorted positions to recompute: chunk selections and query
   std::vector<AttnLinkChunkSelection> chunks;  // one entry per chunk of the layout, same order
   TokenRange query;
-
-  // AttnLink's set is static: every layer recomputes the same tokens (section 4.2.1, eq. 1-3 at layer i).
-  [[nodiscard]] const TokenSet& tokens_for_layer(std::int64_t layer) const {
-    detail::require(layer >= 0, "AttnLinkPlan: layer {} must be >= 0", layer);
-    return tokens;
-  }
 };
 
 class AttnLinkBoundary {

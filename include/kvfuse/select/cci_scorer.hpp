@@ -12,7 +12,8 @@
 //     prefix overlap β (eq. 6), order penalty γ = normalized Kendall-τ distance (eq. 7), β' = β(1 − γ)
 //     (eq. 8), Cache Fix Overhead CFO = α · CCI · (1 − β') (eq. 12), and N = ⌈CFO · |C|⌉ tokens to
 //     recompute, the top N of the ranking (eq. 14). The result is a ChunkScore.
-// Paper: Cache-Craft (seeds/cache-craft.txt), sections 3.1 and 3.2.1.
+// Paper: Cache-Craft ("Managing Chunk-Caches for Efficient Retrieval-Augmented Generation", SIGMOD 2025),
+// sections 3.1 and 3.2.1.
 //
 // When to use: RAG prompts assembled from chunk KV that was computed in other prompts, when attention
 // statistics were recorded while the KV was computed, and the recompute budget of each chunk should follow
@@ -52,7 +53,6 @@
 
 #include <fmt/format.h>
 
-#include "kvfuse/core/config.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
@@ -60,14 +60,14 @@
 
 namespace kvfuse {
 
-// ------------------------------------------------------------------ token-level sums (host and device)
+// ------------------------------------------------------------------------------------- token-level sums
 // `attn` is one layer's attention, row-major n × n: attn[q * n + k] = weight of key k in the softmax of
 // query q (zero for k > q). Ranges are half-open [begin, end) token positions.
 
 // Cache-Craft eq. 3: inter(C_j, C_i) for an earlier chunk C_j = [earlier_begin, earlier_end) and a later
 // chunk C_i = [later_begin, later_end): attention of the queries of C_i on the keys of C_j.
 template <class T>
-KVFUSE_HOST_DEVICE double inter_attention(const T* attn, std::int64_t n, std::int64_t earlier_begin,
+inline double inter_attention(const T* attn, std::int64_t n, std::int64_t earlier_begin,
                                           std::int64_t earlier_end, std::int64_t later_begin,
                                           std::int64_t later_end) {
   double sum = 0.0;
@@ -79,7 +79,7 @@ KVFUSE_HOST_DEVICE double inter_attention(const T* attn, std::int64_t n, std::in
 // Cache-Craft eq. 4: intra(C) for C = [begin, end): attention of each query of C on the strictly earlier
 // keys of C.
 template <class T>
-KVFUSE_HOST_DEVICE double intra_attention(const T* attn, std::int64_t n, std::int64_t begin, std::int64_t end) {
+inline double intra_attention(const T* attn, std::int64_t n, std::int64_t begin, std::int64_t end) {
   double sum = 0.0;
   for (std::int64_t q = begin; q < end; ++q)
     for (std::int64_t k = begin; k < q; ++k) sum += static_cast<double>(attn[q * n + k]);
@@ -89,7 +89,7 @@ KVFUSE_HOST_DEVICE double intra_attention(const T* attn, std::int64_t n, std::in
 // Cache-Craft eq. 14 score of one token: Σ_{j<i} inter(C_j, t) = attention of query `token` on all keys of
 // the earlier chunks, which occupy [0, prefix_end).
 template <class T>
-KVFUSE_HOST_DEVICE double token_prefix_attention(const T* attn, std::int64_t n, std::int64_t token,
+inline double token_prefix_attention(const T* attn, std::int64_t n, std::int64_t token,
                                                  std::int64_t prefix_end) {
   double sum = 0.0;
   for (std::int64_t k = 0; k < prefix_end; ++k) sum += static_cast<double>(attn[token * n + k]);

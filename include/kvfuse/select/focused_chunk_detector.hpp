@@ -1,5 +1,5 @@
 #pragma once
-// FocusedChunkDetector — Cache-Craft's adaptive early recomputation termination (cache-craft.txt
+// FocusedChunkDetector — Cache-Craft's adaptive early recomputation termination (Cache-Craft,
 // section 3.2.2, eq. 15, Algorithm 1 "Predicting Focused Chunks"). Layer by layer it accumulates the
 // attention that the user question U pays to each retrieved chunk, splits the chunks into "focused"
 // (high cumulative attention) and "unfocused" ones at the largest cumulative-entropy jump of the sorted
@@ -67,7 +67,6 @@
 #include <span>
 #include <vector>
 
-#include "kvfuse/core/config.hpp"
 #include "kvfuse/core/error.hpp"
 
 namespace kvfuse {
@@ -75,13 +74,13 @@ namespace kvfuse {
 namespace detail {
 
 // Cache-Craft Algorithm 1, line 7 summand: -p log p, with 0 log 0 = 0.
-KVFUSE_HOST_DEVICE double focus_entropy_term(double p) { return p > 0.0 ? -p * ::log(p) : 0.0; }
+inline double focus_entropy_term(double p) { return p > 0.0 ? -p * ::log(p) : 0.0; }
 
 // Cache-Craft Algorithm 1, lines 5-9, on k cumulative scores sorted descending (sorted_desc[0] is the
 // largest). Returns |F| = i* + 1 (line 9 as read in the header comment: the chunks above gap i*+1),
 // in 2..k-1, or k when there is no cut point (k <= 2, or all scores equal). When it returns a cut,
 // jumps[i-1] = h_{i+1} - h_i for i = 1..k-2 (k-2 entries; jumps may be null).
-KVFUSE_HOST_DEVICE std::size_t focus_cut(const double* sorted_desc, std::size_t k, double* jumps) {
+inline std::size_t focus_cut(const double* sorted_desc, std::size_t k, double* jumps) {
   if (k < 3) return k;
   double total = 0.0;  // line 6 denominator: sum of the k-1 gaps of line 5
   for (std::size_t i = 0; i + 1 < k; ++i) total += sorted_desc[i] - sorted_desc[i + 1];

@@ -28,16 +28,19 @@
 //     so it gets the widest margin; the set reaches r after three layers. The margins cost 0.10 + 0.05
 //     layer-equivalents of reusable tokens, about 0.5 % of a full prefill of a 30-layer model.
 //     Margins (not absolute ratios) are configured so that changing r alone keeps the schedule consistent.
-//   - rank by V: CacheBlend's reference implementation ranks tokens by the deviation of V; K is available.
-//     HKVDConfig::rank_by tells the engine which tensor's deviation to compute and pass to select().
+//   - the selector ranks whatever per-token deviations it is given; which tensor they compare (K or V;
+//     CacheBlend's reference implementation uses V) is the engine's choice (CacheBlend::rank_by in
+//     fusion/fusion_method.hpp).
 //   - counts: check i keeps round(r_i * n_reusable) reusable tokens (nearest integer; the reference
-//     implementation truncates, which turns 0.29 * 100 = 28.999... into 28). Ties in deviation go to the
-//     lower position.
+//     implementation truncates, which turns 0.29 * 100 = 28.999... into 28; detail::keep_count, the same
+//     count the GPU top-k keeps). Ties in deviation go to the lower position; a NaN deviation ranks first
+//     (detail::ranks_before, the order of the GPU top-k too): a corrupt row is recomputed, not kept.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -49,12 +52,36 @@
 
 namespace kvfuse {
 
-// The per-token KV deviations HKVDSelector ranks (CacheBlend section 4.1), computed on the host from the
-// recomputed and cached K or V rows of one layer; the CUDA kernels run the same element math.
-using detail::kv_deviation;
-
-// Which cached tensor the KV deviation compares (see HKVDConfig::rank_by).
-enum class KVTensor { key, value };
+// The per-token KV deviations HKVDSelector ranks (CacheBlend section 4.1), on the host:
+// out[i] = detail::kv_token_deviation(recomputed, cached, row_stride, rows[i], num_heads, head_dim).
+// Every row must lie inside both matrices; bad shapes and out-of-range rows throw kvfuse::error. The CUDA
+// deviation kernel (kv_topk.cuh) runs the same element math.
+inline void kv_deviation(std::span<const float> recomputed, std::span<const float> cached, std::int64_t row_stride,
+                         std::int64_t num_heads, std::int64_t head_dim, std::span<const std::int64_t> rows,
+                         std::span<float> out) {
+  detail::require(num_heads >= 1, "kv_deviation: num_heads {} must be at least 1", num_heads);
+  detail::require(head_dim >= 1, "kv_deviation: head_dim {} must be at least 1", head_dim);
+  detail::require(head_dim <= std::numeric_limits<std::int64_t>::max() / num_heads,
+          "kv_deviation: num_heads * head_dim = {} * {} overflows int64", num_heads, head_dim);
+  const std::int64_t width = num_heads * head_dim;
+  detail::require(row_stride >= width, "kv_deviation: row_stride {} is smaller than num_heads * head_dim = {}", row_stride,
+          width);
+  detail::require(rows.size() == out.size(), "kv_deviation: {} rows but the output holds {} values", rows.size(),
+          out.size());
+  // Rows r with r * row_stride + width <= size, counted without overflow.
+  const auto rows_in = [&](std::size_t size) -> std::int64_t {
+    const auto n = static_cast<std::int64_t>(size);
+    return n < width ? 0 : (n - width) / row_stride + 1;
+  };
+  const std::int64_t limit = std::min(rows_in(recomputed.size()), rows_in(cached.size()));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    detail::require(rows[i] >= 0 && rows[i] < limit,
+            "kv_deviation: row {} (entry {}) is outside the {} rows the recomputed ({} floats) and cached ({} floats) "
+            "matrices hold",
+            rows[i], i, limit, recomputed.size(), cached.size());
+    out[i] = detail::kv_token_deviation(recomputed.data(), cached.data(), row_stride, rows[i], num_heads, head_dim);
+  }
+}
 
 struct HKVDConfig {
   // r: fraction of the reusable tokens still recomputed after the last check layer.
@@ -63,13 +90,6 @@ struct HKVDConfig {
   std::vector<int> check_layers{1, 2, 3};
   // Check i keeps r_i = min(1, r + ratio_margins[i]); non-increasing, >= 0, the last one 0 (so r_last = r).
   std::vector<double> ratio_margins{0.10, 0.05, 0.0};
-  // Which tensor the engine compares, recomputed against cached, when it computes the per-token deviations
-  // it passes to select() (detail::kv_deviation over K or over V of the check layer). The selector itself
-  // ranks whatever deviations it is given and never reads this field: it is an instruction to the engine,
-  // kept in the config so that the ranked tensor is chosen and validated with the rest of the schedule.
-  // CacheBlend's reference implementation ranks by V (the default).
-  KVTensor rank_by = KVTensor::value;
-
   // r_i of check i (CacheBlend section 4.3, gradual filtering).
   [[nodiscard]] double check_ratio(std::size_t i) const {
     detail::require(i < ratio_margins.size(), "HKVDConfig: check index {} is not below {}", i,
@@ -107,9 +127,6 @@ struct HKVDConfig {
                     "HKVDConfig: the last ratio margin is {} but must be 0 so that the last check keeps "
                     "recompute_ratio",
                     ratio_margins.back());
-    detail::require(rank_by == KVTensor::key || rank_by == KVTensor::value,
-                    "HKVDConfig: rank_by = {} is neither KVTensor::key nor KVTensor::value",
-                    static_cast<int>(rank_by));
   }
 };
 
@@ -187,9 +204,9 @@ class HKVDSelector {
 
   // S_{l+1} from S_l = `current` (the tokens layer `layer` computed). On a check layer, deviation[i] is the
   // KV deviation of token current[i] on this layer; the entries of mandatory tokens are ignored, the others
-  // must be >= 0. The result keeps every mandatory token of `current` plus its keep_count(layer) reusable
-  // tokens of highest deviation (ties: lower position first), so it is a subset of `current`
-  // (CacheBlend section 4.3, gradual filtering). On other layers the set is returned unchanged and
+  // must be >= 0 or NaN (a NaN ranks first). The result keeps every mandatory token of `current` plus its
+  // keep_count(layer) reusable tokens of highest deviation (ties: lower position first), so it is a subset
+  // of `current` (CacheBlend section 4.3, gradual filtering). On other layers the set is returned unchanged and
   // `deviation` is not read (it may be empty).
   [[nodiscard]] TokenSet select(int layer, const TokenSet& current, std::span<const float> deviation) const {
     check_layer_index(layer);
@@ -204,9 +221,8 @@ class HKVDSelector {
     std::vector<unsigned char> keep(current.size(), 0);
     for (std::size_t i = 0; i < current.size(); ++i) {
       if (reusable_[static_cast<std::size_t>(current[i])] != 0) {
-        detail::require(deviation[i] >= 0.0f,
-                        "HKVDSelector::select: deviation {} of token {} (entry {}) on layer {} is not a "
-                        "non-negative number",
+        detail::require(!(deviation[i] < 0.0f),
+                        "HKVDSelector::select: deviation {} of token {} (entry {}) on layer {} is negative",
                         deviation[i], current[i], i, layer);
         candidates.push_back(i);
       } else {
@@ -262,8 +278,7 @@ class HKVDSelector {
 
   // round(r_i * n_reusable), the nearest integer (halves round up).
   [[nodiscard]] std::int64_t budget(std::size_t check) const {
-    return static_cast<std::int64_t>(
-        std::floor(config_.check_ratio(check) * static_cast<double>(num_reusable_) + 0.5));
+    return detail::keep_count(config_.check_ratio(check), num_reusable_);
   }
 
   void validate_current(const TokenSet& current) const {

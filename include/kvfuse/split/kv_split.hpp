@@ -1,6 +1,7 @@
 #pragma once
 // KVSplit — Epic's chunking of static text (documents, system prompts, few-shot examples) into chunks
-// whose KV is generated and cached independently (epic.txt sections 2.2 step 1, 3 step 1, 5).
+// whose KV is generated and cached independently (Epic, "Efficient Position-Independent Context
+// Caching for Serving Large Language Models": sections 2.2 step 1, 3 step 1, 5).
 //
 // The paper provides two basic splitters (section 5), both here:
 //   - fixed(n): fixed-size chunks of chunk_size tokens, the last one holding the remainder.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kvfuse/kvfuse.hpp"
+#include "kvfuse/stores.hpp"
 
 int main() {
   const std::array<kvfuse::token_id, 5> passage{101, 7592, 2088, 999, 102};

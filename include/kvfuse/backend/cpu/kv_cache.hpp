@@ -3,7 +3,7 @@
 //
 // Layout: for each layer l, k[l] and v[l] are row-major [rows][kv_dim] matrices, kv_dim = n_head_kv · head_dim,
 // one row per token, head-major within a row (KV head g occupies [g · head_dim, (g + 1) · head_dim)), the
-// layout detail::kv_deviation expects. K is stored rotated (RoPE) at the row's position, positions[row].
+// layout kvfuse::kv_deviation expects. K is stored rotated (RoPE) at the row's position, positions[row].
 // Rows need not be sorted by position; attention masks by position, not by row.
 //
 // As bytes (KVBlock, what a KVStore holds): for each layer l = 0 .. L-1, the K rows then the V rows of that

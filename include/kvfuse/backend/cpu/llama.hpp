@@ -1,7 +1,7 @@
 #pragma once
 // CpuLlama: the reference Llama forward pass on the CPU (Eigen, fp32), with the layer-wise operations of the
-// fusion loop every position-independent caching method shares (design.md, "The one loop all fusion
-// methods share"):
+// fusion loop every position-independent caching method shares (CacheBlend §4.3, Epic §4.2, Cache-Craft
+// §3.2: a layer-wise partial prefill of a selected set S_l over reused chunk KV):
 //   full_prefill        all tokens, every layer                                   -> KV + last-token logits
 //   prefill_chunk       one chunk in isolation at given positions (a chunk cache)  -> KV
 //   rope_shift          move cached K from its positions to new ones: one rotation by Δ = new − old
@@ -23,7 +23,10 @@
 // Attention mask: a query at position p attends to every KV row whose position is <= p, wherever that row
 // sits in the cache — the exact causal mask by position. (Public CacheBlend/LMCache code aligns the mask to
 // the bottom right, letting a selected token see later keys; kvfuse does not.) Masked weights are exact
-// zeros, so a masked row never changes a result as long as its V is finite.
+// zeros, so a masked row never changes a result as long as its V is finite. Mask and softmax are
+// detail/attention.hpp's (attention_visible, attention_softmax_row): the ones the sparse-attention kernel
+// and its CPU reference run. RoPE: θ_i from rope_frequencies (core/rope.hpp), the double-angle rotation of
+// detail/rope.hpp.
 //
 // Threads: matrix products are split over output features and attention over (head, block of queries) on a
 // detail::WorkerPool of CpuLlamaOptions::threads threads. One CpuLlama may be used from several threads at
@@ -48,8 +51,10 @@
 #include "kvfuse/backend/cpu/llama_config.hpp"
 #include "kvfuse/backend/cpu/worker_pool.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/detail/attention.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/detail/rope.hpp"
 
@@ -139,7 +144,7 @@ class CpuLlama {
   [[nodiscard]] const LlamaWeights& weights() const noexcept { return weights_; }
   [[nodiscard]] int threads() const noexcept { return pool_->size(); }
 
-  // FNV-1a over the config and, per tensor, its shape and first / last values: tells models apart for
+  // fnv1a (core/hash.hpp) over the config and, per tensor, its shape and first / last values: tells models apart for
   // KVKey::model (backend/concepts.hpp).
   [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
 
@@ -165,7 +170,8 @@ class CpuLlama {
   }
 
   // Moves the cached K of rows [rows.begin, rows.end) from their positions p to p + delta with one rotation
-  // by delta (detail::rope_shift); V does not depend on position. The new positions must be >= 0.
+  // by delta·θ_i (detail::rope_cos_sin at Δ, the double angle); V does not depend on position. The new
+  // positions must be >= 0.
   void rope_shift(LlamaKVCache& kv, TokenRange rows, std::int64_t delta) const {
     check_kv(kv, "CpuLlama::rope_shift");
     validate_range(rows, kv.num_rows(), "CpuLlama::rope_shift");
@@ -174,15 +180,15 @@ class CpuLlama {
       detail::require(p + delta >= 0, "CpuLlama::rope_shift: row {} at position {} would move to {}", r, p, p + delta);
     }
     const std::int64_t hd = config_.head_dim;
-    const detail::RopeParams rp = config_.rope_params();
-    std::vector<float> cos_d(static_cast<std::size_t>(hd / 2));
-    std::vector<float> sin_d(cos_d.size());
-    detail::rope_cos_sin(rp, static_cast<double>(delta), cos_d.data(), sin_d.data());
+    const std::vector<double> theta = config_.rope_theta();
+    std::vector<float> cos_d(theta.size());
+    std::vector<float> sin_d(theta.size());
+    detail::rope_cos_sin(theta.data(), hd / 2, static_cast<double>(delta), cos_d.data(), sin_d.data());
     for (std::int64_t l = 0; l < config_.n_layer; ++l) {
       for (std::int64_t r = rows.begin; r < rows.end; ++r) {
         float* k = kv.k_row(l, r);
         for (std::int64_t g = 0; g < config_.n_head_kv; ++g)
-          detail::rope_rotate_head(k + g * hd, hd, rp.pairing, cos_d.data(), sin_d.data());
+          detail::rope_rotate_head(k + g * hd, hd, config_.rope_pairing, cos_d.data(), sin_d.data());
       }
     }
     for (std::int64_t r = rows.begin; r < rows.end; ++r) kv.positions[static_cast<std::size_t>(r)] += delta;
@@ -369,7 +375,8 @@ class CpuLlama {
       head_mass.assign(static_cast<std::size_t>(n_head * s * num_groups), 0.0f);
       head_self.assign(static_cast<std::size_t>(n_head * s), 0.0f);
     }
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    // Base-2 scores (detail/attention.hpp): q·k · scale · log2(e).
+    const float factor = detail::attention_score_factor(static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))));
     const auto head_block = [&](std::int64_t task) {
       const std::int64_t h = task / blocks;
       const std::int64_t b = task % blocks;
@@ -387,18 +394,10 @@ class CpuLlama {
         const std::int64_t row = sel[static_cast<std::size_t>(i0 + i)];
         const std::int64_t qpos = pos[static_cast<std::size_t>(row)];
         float* w = p.row(i).data();
-        float mx = -std::numeric_limits<float>::infinity();
-        for (std::int64_t r = 0; r < nk; ++r) {
-          w[r] *= scale;
-          if (pos[static_cast<std::size_t>(r)] <= qpos) mx = std::max(mx, w[r]);
-        }
-        double sum = 0.0;
-        for (std::int64_t r = 0; r < nk; ++r) {
-          w[r] = pos[static_cast<std::size_t>(r)] <= qpos ? std::exp(w[r] - mx) : 0.0f;  // exact causal mask
-          sum += w[r];
-        }
-        const auto inv = static_cast<float>(1.0 / sum);
-        for (std::int64_t r = 0; r < nk; ++r) w[r] *= inv;
+        for (std::int64_t r = 0; r < nk; ++r)  // exact causal mask by position: −inf, probability exactly 0
+          w[r] = detail::attention_visible(pos[static_cast<std::size_t>(r)], qpos) ? w[r] * factor
+                                                                                  : detail::attention_neg_inf();
+        detail::attention_softmax_row(w, nk);  // the softmax of the kernels and their reference
         if (stats != nullptr) {
           std::fill(acc.begin(), acc.end(), 0.0);
           for (std::int64_t r = 0; r < nk; ++r)
@@ -449,13 +448,14 @@ class CpuLlama {
     RowMatrix h(s, e);
     for (std::int64_t i = 0; i < s; ++i) h.row(i) = weights_.token_embd.row(sel_tokens[static_cast<std::size_t>(i)]);
 
-    // RoPE cos / sin of every S_0 row, reused on every layer; origin[i] = index in S_0 of entry i of S_l.
-    const detail::RopeParams rp = config_.rope_params();
+    // RoPE cos / sin of every S_0 row (double angle, detail/rope.hpp), reused on every layer; origin[i] =
+    // index in S_0 of entry i of S_l.
+    const std::vector<double> theta = config_.rope_theta();
     std::vector<float> cos_t(static_cast<std::size_t>(s * pairs));
     std::vector<float> sin_t(cos_t.size());
     for (std::int64_t i = 0; i < s; ++i) {
       const auto p = static_cast<double>(kv.positions[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
-      detail::rope_cos_sin(rp, p, cos_t.data() + i * pairs, sin_t.data() + i * pairs);
+      detail::rope_cos_sin(theta.data(), pairs, p, cos_t.data() + i * pairs, sin_t.data() + i * pairs);
     }
     std::vector<std::int64_t> origin(static_cast<std::size_t>(s));
     std::iota(origin.begin(), origin.end(), std::int64_t{0});
@@ -558,11 +558,7 @@ class CpuLlama {
   [[nodiscard]] std::uint64_t compute_fingerprint() const noexcept {
     std::uint64_t hsh = kFnvOffset;
     const auto bytes = [&hsh](const void* data, std::size_t size) {
-      const auto* p = static_cast<const unsigned char*>(data);
-      for (std::size_t i = 0; i < size; ++i) {
-        hsh ^= p[i];
-        hsh *= 0x100000001b3ull;
-      }
+      hsh = fnv1a(std::span(static_cast<const std::byte*>(data), size), hsh);
     };
     const std::int64_t dims[] = {
         config_.n_layer,  config_.n_embd, config_.n_head,  config_.n_head_kv,

@@ -25,13 +25,11 @@
 #include <fmt/ranges.h>
 
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/rope.hpp"
 #include "kvfuse/core/types.hpp"
-#include "kvfuse/detail/rope.hpp"
 #include "kvfuse/model/gguf.hpp"
 
 namespace kvfuse {
-
-using RopePairing = detail::RopePairing;
 
 struct LlamaConfig {
   std::int64_t n_layer = 0;    // decoder blocks L
@@ -43,7 +41,7 @@ struct LlamaConfig {
   std::int64_t n_vocab = 0;
   double rope_base = 10000.0;
   double rms_eps = 1e-5;
-  RopePairing rope_pairing = RopePairing::interleaved;  // GGUF Llama: interleaved (see detail/rope.hpp)
+  RopePairing rope_pairing = RopePairing::interleaved;  // GGUF Llama: interleaved (see core/rope.hpp)
   double rope_linear_factor = 1.0;                      // rope.scaling.type "linear": positions / factor
   std::vector<float> rope_freq_factors;                 // head_dim / 2 divisors of θ_i, or empty
 
@@ -51,10 +49,25 @@ struct LlamaConfig {
   [[nodiscard]] std::int64_t kv_dim() const noexcept { return n_head_kv * head_dim; }
   [[nodiscard]] std::int64_t group_size() const noexcept { return n_head / n_head_kv; }
 
-  // RoPE parameters for detail/rope.hpp; they point into rope_freq_factors, so they live as long as *this.
-  [[nodiscard]] detail::RopeParams rope_params() const noexcept {
-    return {head_dim, rope_base, 1.0 / rope_linear_factor,
-            rope_freq_factors.empty() ? nullptr : rope_freq_factors.data(), rope_pairing};
+  // The RoPE frequency settings (core/rope.hpp): base, linear scaling, rope_freqs.weight divisors. They
+  // point into rope_freq_factors, so they live as long as *this.
+  [[nodiscard]] RopeFrequencyConfig rope_frequency_config() const noexcept {
+    RopeFrequencyConfig f;
+    f.head_dim = head_dim;
+    f.base = rope_base;
+    f.scaling = rope_linear_factor == 1.0 ? RopeScaling::none : RopeScaling::linear;
+    f.factor = rope_linear_factor;
+    f.freq_factors = rope_freq_factors.empty() ? nullptr : rope_freq_factors.data();
+    return f;
+  }
+
+  // θ_i of the head_dim / 2 pairs in double: rope_frequencies (core/rope.hpp), the table the kernels round
+  // to float. Throws kvfuse::error with its message on what it refuses (validate() refuses all of it first).
+  [[nodiscard]] std::vector<double> rope_theta() const {
+    std::vector<double> theta(static_cast<std::size_t>(head_dim / 2));
+    const Status s = rope_frequencies(rope_frequency_config(), theta.data());
+    detail::require(s == Status::success, "LlamaConfig: {}", last_status_message());
+    return theta;
   }
 
   // Reads the llama.* metadata of a GGUF file (and the tensor rope_freqs.weight when present); refuses what

@@ -21,7 +21,7 @@
 
 namespace kvfuse::cuda {
 
-namespace detail::kv_copy {
+namespace impl::kv_copy {
 
 inline constexpr int copy_threads = 256;
 inline constexpr int copy_unroll = 4;  // units each lane moves per step (loads first, then stores)
@@ -123,13 +123,13 @@ inline Status launch_row_copy(RowCopyPlan p, std::int64_t head_dim, int element_
   return launch_status(what);
 }
 
-}  // namespace detail::kv_copy
+}  // namespace impl::kv_copy
 
 // Writes compact row i (K and V) into the cache at slots[i]. See kvfuse::KVScatterArgs.
 [[nodiscard]] inline Status kv_scatter(const kvfuse::KVScatterArgs& args, cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
   if (args.num_tokens == 0) return Status::success;
-  detail::kv_copy::RowCopyPlan p{};
+  impl::kv_copy::RowCopyPlan p{};
   p.from_k = args.src_k;
   p.from_v = args.src_v;
   p.to_k = args.cache_k;
@@ -141,14 +141,14 @@ inline Status launch_row_copy(RowCopyPlan p, std::int64_t head_dim, int element_
   p.num_tokens = args.num_tokens;
   p.num_heads = static_cast<int>(args.num_heads);
   p.to_cache = true;
-  return detail::kv_copy::launch_row_copy(p, args.head_dim, kvfuse::dtype_size(args.dtype), "kv_scatter", stream);
+  return impl::kv_copy::launch_row_copy(p, args.head_dim, kvfuse::dtype_size(args.dtype), "kv_scatter", stream);
 }
 
 // Reads the cache rows at slots[i] (K and V) into compact row i. See kvfuse::KVGatherArgs.
 [[nodiscard]] inline Status kv_gather(const kvfuse::KVGatherArgs& args, cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
   if (args.num_tokens == 0) return Status::success;
-  detail::kv_copy::RowCopyPlan p{};
+  impl::kv_copy::RowCopyPlan p{};
   p.from_k = args.cache_k;
   p.from_v = args.cache_v;
   p.to_k = args.dst_k;
@@ -160,7 +160,7 @@ inline Status launch_row_copy(RowCopyPlan p, std::int64_t head_dim, int element_
   p.num_tokens = args.num_tokens;
   p.num_heads = static_cast<int>(args.num_heads);
   p.to_cache = false;
-  return detail::kv_copy::launch_row_copy(p, args.head_dim, kvfuse::dtype_size(args.dtype), "kv_gather", stream);
+  return impl::kv_copy::launch_row_copy(p, args.head_dim, kvfuse::dtype_size(args.dtype), "kv_gather", stream);
 }
 
 }  // namespace kvfuse::cuda

@@ -39,7 +39,7 @@
 
 namespace kvfuse::cuda {
 
-namespace detail::topk {
+namespace impl::topk {
 
 // ---------------------------------------------------------------------------------------------------------
 // Deviation
@@ -276,7 +276,7 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
   return pairs > keys ? pairs : keys;
 }
 
-}  // namespace detail::topk
+}  // namespace impl::topk
 
 // Deviation of every token, see kvfuse::KVDeviationArgs. cached_rows entries are trusted (not checked).
 [[nodiscard]] inline Status kv_deviation(const kvfuse::KVDeviationArgs& args, cudaStream_t stream = nullptr) noexcept {
@@ -284,11 +284,11 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
   if (args.num_tokens == 0) return Status::success;
   switch (args.dtype) {
     case DType::f32:
-      return detail::topk::launch_kv_deviation<float>(args, stream);
+      return impl::topk::launch_kv_deviation<float>(args, stream);
     case DType::f16:
-      return detail::topk::launch_kv_deviation<kvfuse::f16>(args, stream);
+      return impl::topk::launch_kv_deviation<kvfuse::f16>(args, stream);
     case DType::bf16:
-      return detail::topk::launch_kv_deviation<kvfuse::bf16>(args, stream);
+      return impl::topk::launch_kv_deviation<kvfuse::bf16>(args, stream);
   }
   return refuse(Status::unsupported, "kv_deviation: dtype %d", static_cast<int>(args.dtype));
 }
@@ -298,8 +298,8 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
   std::size_t temp = 0;
   kvfuse::TopKArgs probe;
   probe.num_items = num_items;
-  if (detail::topk::compact_selected(nullptr, temp, probe, nullptr, nullptr, nullptr) != cudaSuccess) return 0;
-  return detail::topk::select_header_bytes + temp;
+  if (impl::topk::compact_selected(nullptr, temp, probe, nullptr, nullptr, nullptr) != cudaSuccess) return 0;
+  return impl::topk::select_header_bytes + temp;
 }
 
 // The k highest scores, ties to the lower index, written to args.indices in ascending order; deterministic.
@@ -307,39 +307,39 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
                                          cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
   if (args.k == 0) return Status::success;
-  if (const Status s = detail::topk::check_workspace("top_k_tokens", workspace, workspace_bytes,
+  if (const Status s = impl::topk::check_workspace("top_k_tokens", workspace, workspace_bytes,
                                                      top_k_workspace_bytes(args.num_items));
       s != Status::success)
     return s;
   auto* base = static_cast<unsigned char*>(workspace);
-  auto* state = reinterpret_cast<detail::topk::RadixState*>(base);
-  auto* hist = reinterpret_cast<unsigned*>(base + detail::topk::state_bytes);
-  auto* count = reinterpret_cast<long long*>(base + detail::topk::state_bytes + detail::topk::hist_bytes);
-  void* temp = base + detail::topk::select_header_bytes;
-  std::size_t temp_bytes = workspace_bytes - detail::topk::select_header_bytes;
+  auto* state = reinterpret_cast<impl::topk::RadixState*>(base);
+  auto* hist = reinterpret_cast<unsigned*>(base + impl::topk::state_bytes);
+  auto* count = reinterpret_cast<long long*>(base + impl::topk::state_bytes + impl::topk::hist_bytes);
+  void* temp = base + impl::topk::select_header_bytes;
+  std::size_t temp_bytes = workspace_bytes - impl::topk::select_header_bytes;
 
-  if (const Status s = from_cuda(cudaMemsetAsync(base, 0, detail::topk::state_bytes + detail::topk::hist_bytes, stream),
+  if (const Status s = from_cuda(cudaMemsetAsync(base, 0, impl::topk::state_bytes + impl::topk::hist_bytes, stream),
                                  "top_k_tokens: memset");
       s != Status::success)
     return s;
   constexpr std::int64_t per_block =
-      static_cast<std::int64_t>(detail::topk::radix_threads) * detail::topk::radix_items_per_thread;
+      static_cast<std::int64_t>(impl::topk::radix_threads) * impl::topk::radix_items_per_thread;
   const std::int64_t wanted = (args.num_items + per_block - 1) / per_block;
   const auto blocks =
-      static_cast<unsigned>(wanted < detail::topk::radix_max_blocks ? wanted : detail::topk::radix_max_blocks);
+      static_cast<unsigned>(wanted < impl::topk::radix_max_blocks ? wanted : impl::topk::radix_max_blocks);
   for (int pass = 0; pass < kvfuse::detail::radix_passes; ++pass) {
-    detail::topk::radix_pass_kernel<detail::topk::radix_threads><<<blocks, detail::topk::radix_threads, 0, stream>>>(
+    impl::topk::radix_pass_kernel<impl::topk::radix_threads><<<blocks, impl::topk::radix_threads, 0, stream>>>(
         args.scores, args.num_items, static_cast<unsigned>(args.k), pass, state, hist);
     if (const Status s = launch_status("radix_pass_kernel"); s != Status::success) return s;
   }
-  return from_cuda(detail::topk::compact_selected(temp, temp_bytes, args, &state->threshold, count, stream),
+  return from_cuda(impl::topk::compact_selected(temp, temp_bytes, args, &state->threshold, count, stream),
                    "top_k_tokens: cub::DeviceSelect::If");
 }
 
 // Bytes of workspace top_k_tokens_by_sort needs for `num_items` scores (0 if CUB's size query fails).
 [[nodiscard]] inline std::size_t top_k_by_sort_workspace_bytes(std::int64_t num_items) noexcept {
-  const std::size_t temp = detail::topk::sort_temp_bytes(num_items, num_items);
-  return temp == 0 ? 0 : detail::topk::sort_buffers_bytes(num_items) + temp;
+  const std::size_t temp = impl::topk::sort_temp_bytes(num_items, num_items);
+  return temp == 0 ? 0 : impl::topk::sort_buffers_bytes(num_items) + temp;
 }
 
 // Baseline: the same selection by a full sort -- cub::DeviceRadixSort::SortPairsDescending of (score, index)
@@ -350,7 +350,7 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
                                                  std::size_t workspace_bytes, cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
   if (args.k == 0) return Status::success;
-  if (const Status s = detail::topk::check_workspace("top_k_tokens_by_sort", workspace, workspace_bytes,
+  if (const Status s = impl::topk::check_workspace("top_k_tokens_by_sort", workspace, workspace_bytes,
                                                      top_k_by_sort_workspace_bytes(args.num_items));
       s != Status::success)
     return s;
@@ -358,22 +358,22 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
   auto* base = static_cast<unsigned char*>(workspace);
   auto* sorted_scores = reinterpret_cast<float*>(base);
   auto* iota =
-      reinterpret_cast<std::int32_t*>(base + detail::topk::round_up(sizeof(float) * static_cast<std::size_t>(n)));
+      reinterpret_cast<std::int32_t*>(base + impl::topk::round_up(sizeof(float) * static_cast<std::size_t>(n)));
   auto* by_score =
       reinterpret_cast<std::int32_t*>(reinterpret_cast<unsigned char*>(iota) +
-                                      detail::topk::round_up(sizeof(std::int32_t) * static_cast<std::size_t>(n)));
-  void* temp = base + detail::topk::sort_buffers_bytes(n);
-  std::size_t temp_bytes = workspace_bytes - detail::topk::sort_buffers_bytes(n);
+                                      impl::topk::round_up(sizeof(std::int32_t) * static_cast<std::size_t>(n)));
+  void* temp = base + impl::topk::sort_buffers_bytes(n);
+  std::size_t temp_bytes = workspace_bytes - impl::topk::sort_buffers_bytes(n);
 
   const std::int64_t wanted = (n + 255) / 256;
-  detail::topk::iota_kernel<<<static_cast<unsigned>(wanted < 4096 ? wanted : 4096), 256, 0, stream>>>(iota, n);
+  impl::topk::iota_kernel<<<static_cast<unsigned>(wanted < 4096 ? wanted : 4096), 256, 0, stream>>>(iota, n);
   if (const Status s = launch_status("iota_kernel"); s != Status::success) return s;
   if (const Status s = from_cuda(cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, args.scores, sorted_scores,
                                                                            iota, by_score, n, 0, 32, stream),
                                  "top_k_tokens_by_sort: SortPairsDescending");
       s != Status::success)
     return s;
-  temp_bytes = workspace_bytes - detail::topk::sort_buffers_bytes(n);
+  temp_bytes = workspace_bytes - impl::topk::sort_buffers_bytes(n);
   return from_cuda(cub::DeviceRadixSort::SortKeys(temp, temp_bytes, static_cast<const std::int32_t*>(by_score),
                                                   args.indices, args.k, 0, 32, stream),
                    "top_k_tokens_by_sort: SortKeys");

@@ -5,7 +5,7 @@
 // below position 2^24, sincosf, explicit-fma rotation, one RNE rounding at the store).
 //
 //   kvfuse::RopeArgs a;
-//   a.dtype = kvfuse::DType::bf16;  a.pairing = kvfuse::detail::RopePairing::half_split;  a.head_dim = 128;
+//   a.dtype = kvfuse::DType::bf16;  a.pairing = kvfuse::RopePairing::half_split;  a.head_dim = 128;
 //   a.num_tokens = n;  a.num_heads = 8;  a.num_layers = 1;
 //   a.in = a.out = k;  a.in_strides = a.out_strides = kvfuse::rope_nhd_strides(n, 8, 128);
 //   a.positions = d_positions;
@@ -36,7 +36,7 @@
 
 namespace kvfuse::cuda {
 
-namespace detail {
+namespace impl {
 
 inline constexpr int rope_block = 256;
 // Threads the launcher aims for before it gives each thread every (layer, head) item: about one full
@@ -81,10 +81,10 @@ __device__ __forceinline__ uint4 rope_pack(const float* x) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <class T, kvfuse::detail::RopePairing Pairing, int HeadDim>
+template <class T, kvfuse::RopePairing Pairing, int HeadDim>
 struct RopeShape {
   static constexpr int vector = 16 / static_cast<int>(sizeof(T));                      // elements per vector
-  static constexpr bool split = Pairing == kvfuse::detail::RopePairing::half_split;
+  static constexpr bool split = Pairing == kvfuse::RopePairing::half_split;
   static constexpr int vectors = split ? 2 : 1;                                        // per thread and item
   static constexpr int pairs = split ? vector : vector / 2;                            // per thread
   static constexpr int lanes = HeadDim / (vector * vectors);                           // threads per token
@@ -94,7 +94,7 @@ struct RopeShape {
 
 // grid.x covers num_tokens x lanes threads; blockIdx.y picks items [y·items_per_thread, ...) of the
 // num_layers x num_heads (layer-major) items.
-template <class T, kvfuse::detail::RopePairing Pairing, int HeadDim>
+template <class T, kvfuse::RopePairing Pairing, int HeadDim>
 __global__ void __launch_bounds__(rope_block, 4) rope_kernel(const RopeArgs args, RopeOp op, int items_per_thread) {
   using Shape = RopeShape<T, Pairing, HeadDim>;
   constexpr int V = Shape::vector;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(rope_block, 4) rope_kernel(const RopeArgs args
   }
 }
 
-template <class T, kvfuse::detail::RopePairing Pairing, int HeadDim>
+template <class T, kvfuse::RopePairing Pairing, int HeadDim>
 Status rope_launch(const RopeArgs& a, RopeOp op, cudaStream_t stream) noexcept {
   using Shape = RopeShape<T, Pairing, HeadDim>;
   const long long threads = a.num_tokens * Shape::lanes;
@@ -186,7 +186,7 @@ Status rope_launch(const RopeArgs& a, RopeOp op, cudaStream_t stream) noexcept {
   return launch_status(rope_op_name(op));
 }
 
-template <class T, kvfuse::detail::RopePairing Pairing>
+template <class T, kvfuse::RopePairing Pairing>
 Status rope_dispatch_head_dim(const RopeArgs& a, RopeOp op, cudaStream_t stream) noexcept {
   switch (a.head_dim) {
     case 64: return rope_launch<T, Pairing, 64>(a, op, stream);
@@ -197,9 +197,9 @@ Status rope_dispatch_head_dim(const RopeArgs& a, RopeOp op, cudaStream_t stream)
 
 template <class T>
 Status rope_dispatch_pairing(const RopeArgs& a, RopeOp op, cudaStream_t stream) noexcept {
-  if (a.pairing == kvfuse::detail::RopePairing::interleaved)
-    return rope_dispatch_head_dim<T, kvfuse::detail::RopePairing::interleaved>(a, op, stream);
-  return rope_dispatch_head_dim<T, kvfuse::detail::RopePairing::half_split>(a, op, stream);
+  if (a.pairing == kvfuse::RopePairing::interleaved)
+    return rope_dispatch_head_dim<T, kvfuse::RopePairing::interleaved>(a, op, stream);
+  return rope_dispatch_head_dim<T, kvfuse::RopePairing::half_split>(a, op, stream);
 }
 
 inline Status rope_run(const RopeArgs& a, RopeOp op, cudaStream_t stream) noexcept {
@@ -213,23 +213,23 @@ inline Status rope_run(const RopeArgs& a, RopeOp op, cudaStream_t stream) noexce
   return rope_dispatch_pairing<kvfuse::bf16>(a, op, stream);
 }
 
-}  // namespace detail
+}  // namespace impl
 
 // Rotates every (layer, token, head) row of args.in by positions[t]·θ_i into args.out (RoPE of Q or K).
 // Device pointers; asynchronous on `stream`. Refusals (validate()) launch nothing.
 [[nodiscard]] inline Status rope_apply(const RopeArgs& args, cudaStream_t stream = nullptr) noexcept {
-  return detail::rope_run(args, RopeOp::apply, stream);
+  return impl::rope_run(args, RopeOp::apply, stream);
 }
 
 // Rotates by −positions[t]·θ_i: undoes rope_apply at the same positions.
 [[nodiscard]] inline Status rope_inverse(const RopeArgs& args, cudaStream_t stream = nullptr) noexcept {
-  return detail::rope_run(args, RopeOp::inverse, stream);
+  return impl::rope_run(args, RopeOp::inverse, stream);
 }
 
 // Rotates by (new_positions[t] − positions[t])·θ_i: K rotated at the old positions becomes K rotated at the
 // new ones, in one rotation.
 [[nodiscard]] inline Status rope_shift(const RopeArgs& args, cudaStream_t stream = nullptr) noexcept {
-  return detail::rope_run(args, RopeOp::shift, stream);
+  return impl::rope_run(args, RopeOp::shift, stream);
 }
 
 }  // namespace kvfuse::cuda

@@ -1,6 +1,7 @@
 #pragma once
-// Sparse-query attention with an exact positional causal mask (issue 5 item 2): S selected query tokens
-// attend to the full K/V of an N-token prompt; key j is visible to query i iff pos_k[j] <= pos_q[i].
+// Sparse-query attention with an exact positional causal mask (selective KV recompute, CacheBlend §4.2:
+// only the selected tokens' queries are computed): S selected query tokens attend to the full K/V of an
+// N-token prompt; key j is visible to query i iff pos_k[j] <= pos_q[i].
 // Arguments, semantics and layouts: kvfuse/ref/sparse_attention.hpp (SparseAttentionArgs, shared with the
 // CPU reference kvfuse::ref::sparse_attention). Element math: kvfuse/detail/attention.hpp.
 //
@@ -51,7 +52,7 @@ namespace kvfuse::cuda {
 
 using kvfuse::SparseAttentionArgs;
 
-namespace detail {
+namespace impl {
 
 inline constexpr int kAttnBlockM = 64;   // queries per block (4 warps x 16 rows)
 inline constexpr int kAttnBlockN = 64;   // keys per KV tile
@@ -727,7 +728,7 @@ inline Status check_kernel_support(const SparseAttentionArgs& a) noexcept {
   return Status::success;
 }
 
-}  // namespace detail
+}  // namespace impl
 
 // Bytes of workspace with which sparse_attention(args) on the current device splits the KV loops of its
 // blocks over several blocks (few selected queries: S/64 x Hq blocks would leave SMs idle); 0 when it
@@ -736,11 +737,11 @@ inline Status check_kernel_support(const SparseAttentionArgs& a) noexcept {
 [[nodiscard]] inline std::int64_t sparse_attention_workspace_bytes(const SparseAttentionArgs& args) noexcept {
   if (kvfuse::validate(args) != Status::success) return 0;
   const SparseAttentionArgs a = kvfuse::resolved(args);
-  if (detail::check_kernel_support(a) != Status::success) return 0;
+  if (impl::check_kernel_support(a) != Status::success) return 0;
   int sm_count = 0;
-  if (detail::attn_sm_count(sm_count) != Status::success) return 0;
-  const detail::AttnSplitPlan plan = detail::attn_split_plan(a, sm_count);
-  return plan.splits > 1 ? detail::attn_split_bytes(a, plan.splits) : 0;
+  if (impl::attn_sm_count(sm_count) != Status::success) return 0;
+  const impl::AttnSplitPlan plan = impl::attn_split_plan(a, sm_count);
+  return plan.splits > 1 ? impl::attn_split_bytes(a, plan.splits) : 0;
 }
 
 // Sparse-query attention on device pointers (see kvfuse/ref/sparse_attention.hpp for the semantics):
@@ -750,10 +751,10 @@ inline Status check_kernel_support(const SparseAttentionArgs& a) noexcept {
 [[nodiscard]] inline Status sparse_attention(const SparseAttentionArgs& args, cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
   const SparseAttentionArgs a = kvfuse::resolved(args);
-  if (const Status s = detail::check_kernel_support(a); s != Status::success) return s;
+  if (const Status s = impl::check_kernel_support(a); s != Status::success) return s;
   if (a.num_queries == 0) return Status::success;
-  if (a.dtype == DType::bf16) return detail::sparse_attention_typed<kvfuse::bf16>(a, stream);
-  return detail::sparse_attention_typed<kvfuse::f16>(a, stream);
+  if (a.dtype == DType::bf16) return impl::sparse_attention_typed<kvfuse::bf16>(a, stream);
+  return impl::sparse_attention_typed<kvfuse::f16>(a, stream);
 }
 
 }  // namespace kvfuse::cuda

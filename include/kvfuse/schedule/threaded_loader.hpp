@@ -1,0 +1,123 @@
+#pragma once
+// run_threaded: Cake's bidirectional loading (BidirectionalLoader, schedule/bidirectional_loader.hpp) on real
+// backends — the compute side on the calling thread, the loads on one I/O thread, on the steady clock (times
+// in the trace are seconds since the call). The same race as BidirectionalLoader::run's virtual-time driver
+// (detail::CakeRace): compute chunks from the front, fetch chunks from the back, stop where they meet, then
+// the tokens after the stored prefix.
+//
+// A fetch still in flight at the meeting point cannot be cancelled (KVStore::get blocks): run_threaded joins
+// it, so ready_s includes its rest; cover_s is the meeting time. A load that throws, misses or returns a
+// wrong-sized block stops the loads and compute covers the rest (LoaderTrace::load_failure); an exception of
+// the compute backend stops the loads and is rethrown after the I/O thread has been joined.
+//
+// Thread safety: `compute` is used by the calling thread only; `store` by the I/O thread only (get) while
+// run_threaded runs. Neither may be used by others meanwhile unless they are safe for that.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/schedule/bidirectional_loader.hpp"
+
+namespace kvfuse {
+
+// Makes the KV of every token of `tokens` resident in `compute`, as `loader` decides (its config and
+// estimate), on two threads.
+template <ComputeBackend Compute, KVStore Store>
+LoaderTrace run_threaded(const BidirectionalLoader<Compute, Store>& loader, Compute& compute, Store& store,
+                         std::span<const token_id> tokens) {
+  const LoaderConfig& cfg = loader.config();
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t stored = loader.stored_prefix(compute, store, tokens);
+  const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg.fetch_chunk);
+  detail::CakeRace race(cfg, loader.estimate(), stored, n);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto since = [t0] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+
+  std::mutex m;
+  std::condition_variable cv;
+  double fetch_start = detail::kNoFetch;
+  std::map<std::int64_t, KVBlock> loaded;
+  std::exception_ptr compute_error;
+
+  std::thread io_thread([&] {
+    std::unique_lock lock(m);
+    while (auto r = race.next_fetch()) {
+      const double start = since();
+      fetch_start = start;
+      const KVKey key = detail::cake_key_of(keys, *r, cfg.fetch_chunk);
+      lock.unlock();
+      std::string why;
+      std::optional<KVBlock> block;
+      try {
+        block = detail::cake_fetch(store, key, *r, why);
+      } catch (const std::exception& e) {
+        why = fmt::format("loading tokens {} failed: {}", *r, e.what());
+      } catch (...) {
+        why = fmt::format("loading tokens {} failed with a non-standard exception", *r);
+      }
+      lock.lock();
+      fetch_start = detail::kNoFetch;
+      if (block) {
+        loaded[r->begin] = std::move(*block);
+        race.fetch_done(*r, start, since());
+      } else {
+        race.fetch_failed(*r, start, since(), why);
+      }
+      cv.notify_all();
+    }
+  });
+
+  // Compute worker: this thread.
+  double gpu_free = 0;
+  {
+    std::unique_lock lock(m);
+    for (;;) {
+      TokenRange r;
+      const auto decision = race.decide_compute(since(), fetch_start, r);
+      if (decision == detail::CakeRace::Decision::done) break;
+      if (decision != detail::CakeRace::Decision::start) {
+        cv.wait_for(lock, std::chrono::milliseconds(1));
+        continue;
+      }
+      race.compute_started(since());
+      const double start = since();
+      lock.unlock();
+      try {
+        compute.compute_kv(r);
+      } catch (...) {
+        compute_error = std::current_exception();
+      }
+      lock.lock();
+      if (compute_error) {
+        race.stop_loads();
+        break;
+      }
+      gpu_free = since();
+      race.compute_done(r, start, gpu_free);
+    }
+  }
+  io_thread.join();
+  if (compute_error) std::rethrow_exception(compute_error);
+  detail::cake_install(race, compute, loaded);
+  (void)detail::cake_compute_after_prefix(race, stored, n, cfg.compute_chunk, since(), [&](TokenRange r, double) {
+    compute.compute_kv(r);
+    return since();
+  });
+  return race.finish(since());
+}
+
+}  // namespace kvfuse
