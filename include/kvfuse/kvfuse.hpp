@@ -37,3 +37,5 @@
 #include "kvfuse/split/kv_split.hpp"
 
 #include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/layer_protocol.hpp"
+#include "kvfuse/fusion/layer_schedule.hpp"

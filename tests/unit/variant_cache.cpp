@@ -19,6 +19,8 @@ namespace {
 
 using Ids = std::vector<std::uint64_t>;
 
+constexpr double kAlpha = 1.0;  // Cache-Craft eq. 12's default α, as the method passes it
+
 // A hand-made profile; the token ranking is size-1, size-2, ..., 0 so the chosen tokens are recognizable.
 ChunkProfile make_profile(std::uint64_t chunk, std::int64_t size, Ids prefix, std::vector<double> inter, double cci) {
   ChunkProfile p;
@@ -43,11 +45,10 @@ VariantCacheConfig config(std::int64_t n, std::int64_t m) {
 
 }  // namespace
 
-TEST_CASE("variant cache: paper defaults N = 100, M = 5, alpha = 1") {
+TEST_CASE("variant cache: paper defaults N = 100, M = 5") {
   const VariantCache cache;
   CHECK(cache.config().num_chunks == 100);
   CHECK(cache.config().variants_per_chunk == 5);
-  CHECK(cache.config().alpha == 1.0);
   CHECK_FALSE(cache.config().cap_variants_per_chunk);
   CHECK(cache.capacity() == 500);
   CHECK(cache.size() == 0);
@@ -65,7 +66,7 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
   CHECK(cache.num_chunks() == 1);
 
   SUBCASE("same prefix as V1: V1 CFO 0, V2 CFO 0.6") {
-    const auto m = cache.best(kX, Ids{1, 2});
+    const auto m = cache.best(kX, Ids{1, 2}, kAlpha);
     REQUIRE(m);
     CHECK(m->variant_id == r1.variant_id);
     CHECK(m->kv == key(1));
@@ -73,13 +74,13 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
     CHECK(m->score.recompute.empty());
   }
   SUBCASE("[3, 1]: V1 beta 0.5 -> CFO 0.4; V2 beta 1 -> CFO 0") {
-    const auto m = cache.best(kX, Ids{3, 1});
+    const auto m = cache.best(kX, Ids{3, 1}, kAlpha);
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
     CHECK(m->score.beta == 1.0);
   }
   SUBCASE("[2, 1]: V1 beta 1 but gamma 1 -> CFO 0.8; V2 CFO 0.6 -> N = 6") {
-    const auto m = cache.best(kX, Ids{2, 1});
+    const auto m = cache.best(kX, Ids{2, 1}, kAlpha);
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
     CHECK(m->score.cfo == doctest::Approx(0.6));
@@ -87,7 +88,7 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
     CHECK(m->score.recompute == TokenSet{4, 5, 6, 7, 8, 9});  // first 6 of the ranking 9, 8, ..., 0
   }
   SUBCASE("[1]: V1 beta 0.5 -> CFO 0.4, N = 4; V2 CFO 0.6") {
-    const auto m = cache.best(kX, Ids{1});
+    const auto m = cache.best(kX, Ids{1}, kAlpha);
     REQUIRE(m);
     CHECK(m->variant_id == r1.variant_id);
     CHECK(m->score.beta == doctest::Approx(0.5));
@@ -95,21 +96,49 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
     CHECK(m->score.recompute == TokenSet{6, 7, 8, 9});
   }
   SUBCASE("empty prefix (first chunk): V1 CFO 0.8, V2 CFO 0.6") {
-    const auto m = cache.best(kX, Ids{});
+    const auto m = cache.best(kX, Ids{}, kAlpha);
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
   }
   SUBCASE("a chunk without variants is a miss") {
-    CHECK_FALSE(cache.best(555, Ids{}).has_value());
-    CHECK_FALSE(cache.lookup(555, Ids{}).has_value());
+    CHECK_FALSE(cache.best(555, Ids{}, kAlpha).has_value());
+    CHECK_FALSE(cache.lookup(555, Ids{}, kAlpha).has_value());
   }
+}
+
+TEST_CASE("variant cache: alpha is the caller's; it scales CFO and N but never changes the choice") {
+  constexpr std::uint64_t kX = 100;
+  VariantCache cache;
+  const auto r1 = cache.insert(make_profile(kX, 10, {1, 2}, {1.0, 1.0}, 0.8), key(1));
+  const auto r2 = cache.insert(make_profile(kX, 10, {3}, {2.0}, 0.6), key(2));
+  // Behind [3]: V2 matches exactly (CFO 0 at any alpha); V1 has beta 0 -> CFO = alpha * 0.8.
+  for (double alpha : {0.0, 0.5, 1.0, 3.0}) {
+    CAPTURE(alpha);
+    const auto m = cache.best(kX, Ids{3}, alpha);
+    REQUIRE(m);
+    CHECK(m->variant_id == r2.variant_id);
+  }
+  // Behind [1]: V1 beta 0.5 -> CFO = alpha * 0.4; V2 beta 0 -> alpha * 0.6. Alpha 0 still picks V1.
+  for (double alpha : {0.0, 0.5, 2.0}) {
+    CAPTURE(alpha);
+    const auto m = cache.best(kX, Ids{1}, alpha);
+    REQUIRE(m);
+    CHECK(m->variant_id == r1.variant_id);
+    CHECK(m->score.cfo == doctest::Approx(alpha * 0.4));
+    CHECK(m->score.num_recompute == std::min<std::int64_t>(10, static_cast<std::int64_t>(std::ceil(alpha * 4.0 - 1e-9))));
+  }
+  CHECK_THROWS_WITH_AS((void)cache.best(kX, Ids{1}, -0.5), doctest::Contains("alpha = -0.5"), kvfuse::error);
+  // record_use: what lookup() adds, for a match a request used after planning with best().
+  const auto m = cache.best(kX, Ids{1}, 1.0);
+  CHECK(cache.record_use(m->variant_id, m->score.cfo) == doctest::Approx(2.5));
+  CHECK_THROWS_WITH_AS((void)cache.record_use(999, 0.5), doctest::Contains("no variant 999"), kvfuse::error);
 }
 
 TEST_CASE("variant cache: CFO ties go to the oldest variant") {
   VariantCache cache;
   const auto first = cache.insert(make_profile(5, 4, {1}, {1.0}, 0.5), key(1));
   cache.insert(make_profile(5, 4, {2}, {1.0}, 0.5), key(2));
-  const auto m = cache.best(5, Ids{9});  // both: beta 0 -> CFO 0.5
+  const auto m = cache.best(5, Ids{9}, kAlpha);  // both: beta 0 -> CFO 0.5
   REQUIRE(m);
   CHECK(m->variant_id == first.variant_id);
 }
@@ -121,15 +150,15 @@ TEST_CASE("variant cache: f_r += 1/CFO on lookup, capped for CFO = 0; best() doe
   const auto r1 = cache.insert(make_profile(100, 10, {1, 2}, {1.0, 1.0}, 0.8), key(1));
   cache.insert(make_profile(100, 10, {3}, {2.0}, 0.6), key(2));
 
-  auto m = cache.lookup(100, Ids{1});  // V1, CFO 0.4 -> +2.5
+  auto m = cache.lookup(100, Ids{1}, kAlpha);  // V1, CFO 0.4 -> +2.5
   REQUIRE(m);
   CHECK(m->variant_id == r1.variant_id);
   CHECK(m->reuse_frequency == doctest::Approx(2.5));
-  m = cache.lookup(100, Ids{1});
+  m = cache.lookup(100, Ids{1}, kAlpha);
   CHECK(m->reuse_frequency == doctest::Approx(5.0));
-  (void)cache.best(100, Ids{1, 2});
+  (void)cache.best(100, Ids{1, 2}, kAlpha);
   CHECK(cache.entries()[0].reuse_frequency == doctest::Approx(5.0));
-  m = cache.lookup(100, Ids{1, 2});  // exact match: CFO 0 -> capped bonus 100
+  m = cache.lookup(100, Ids{1, 2}, kAlpha);  // exact match: CFO 0 -> capped bonus 100
   CHECK(m->score.cfo == 0.0);
   CHECK(m->reuse_frequency == doctest::Approx(105.0));
 
@@ -164,7 +193,7 @@ TEST_CASE("variant cache: a full cache evicts the lowest f_r, ties to the oldest
     CHECK(cache.size() == 2);
   }
   SUBCASE("the used variant survives, the unused one goes; a new variant is the next victim until used") {
-    REQUIRE(cache.lookup(1, Ids{9}));  // chunk 1: beta 0 -> CFO 0.5 -> f_r 2
+    REQUIRE(cache.lookup(1, Ids{9}, kAlpha));  // chunk 1: beta 0 -> CFO 0.5 -> f_r 2
     const auto r = cache.insert(make_profile(3, 4, {}, {}, 0.5), key(3));
     REQUIRE(r.evicted.size() == 1);
     CHECK(r.evicted[0].profile.chunk_id == 2);
@@ -237,7 +266,7 @@ TEST_CASE("variant cache with CCIScorer: same prompt twice, and a 100% hit with 
   SUBCASE("same prompt twice: beta = 1, gamma = 0, CFO = 0, no tokens, f_r gets the capped bonus") {
     const Ids prompt{kA, kB, kC};
     for (std::size_t i = 0; i < prompt.size(); ++i) {
-      const auto m = cache.lookup(prompt[i], Ids(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(i)));
+      const auto m = cache.lookup(prompt[i], Ids(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(i)), kAlpha);
       REQUIRE(m);
       CHECK(m->kv == key(prompt[i]));
       CHECK(m->score.beta == 1.0);
@@ -249,16 +278,16 @@ TEST_CASE("variant cache with CCIScorer: same prompt twice, and a 100% hit with 
     }
   }
   SUBCASE("100% hit, reordered [B, A, C]") {
-    const auto b = cache.lookup(kB, Ids{});  // B first now: stored prefix [A] gone -> CFO = CCI(B) = 1
+    const auto b = cache.lookup(kB, Ids{}, kAlpha);  // B first now: stored prefix [A] gone -> CFO = CCI(B) = 1
     REQUIRE(b);
     CHECK(b->score.cfo == 1.0);
     CHECK(b->score.recompute == TokenSet{0});
-    const auto a = cache.lookup(kA, Ids{kB});  // A was first, now behind B: beta 0 -> CFO = 0.5 -> 1 of 2
+    const auto a = cache.lookup(kA, Ids{kB}, kAlpha);  // A was first, now behind B: beta 0 -> CFO = 0.5 -> 1 of 2
     REQUIRE(a);
     CHECK(a->score.cfo == 0.5);
     CHECK(a->score.recompute == TokenSet{0});
     CHECK(a->reuse_frequency == doctest::Approx(2.0));
-    const auto c = cache.lookup(kC, Ids{kB, kA});  // beta 1, gamma 1 -> CFO = CCI(C) -> ceil(1.94) = 2
+    const auto c = cache.lookup(kC, Ids{kB, kA}, kAlpha);  // beta 1, gamma 1 -> CFO = CCI(C) -> ceil(1.94) = 2
     REQUIRE(c);
     CHECK(c->score.gamma == 1.0);
     CHECK(c->score.cfo == doctest::Approx(cci_c));
@@ -274,9 +303,6 @@ TEST_CASE("variant cache: bad config and bad input throw kvfuse::error naming th
   c = {};
   c.variants_per_chunk = -1;
   CHECK_THROWS_WITH_AS(VariantCache{c}, doctest::Contains("variants_per_chunk (M) = -1"), error);
-  c = {};
-  c.alpha = -0.5;
-  CHECK_THROWS_WITH_AS(VariantCache{c}, doctest::Contains("alpha = -0.5"), error);
   c = {};
   c.max_reuse_bonus = 0.0;
   CHECK_THROWS_WITH_AS(VariantCache{c}, doctest::Contains("max_reuse_bonus = 0"), error);
@@ -299,9 +325,9 @@ TEST_CASE("variant cache: bad config and bad input throw kvfuse::error naming th
                        doctest::Contains("chunk 0x1 has 5 tokens but its stored variants have 4"), error);
   CHECK_THROWS_WITH_AS(cache.insert(make_profile(2, 4, {2}, {1.0}, 0.5), key(2)),
                        doctest::Contains("appears in its own stored prefix"), error);
-  CHECK_THROWS_WITH_AS((void)cache.lookup(1, Ids{1}), doctest::Contains("chunk 0x1 appears in its own current prefix"),
+  CHECK_THROWS_WITH_AS((void)cache.lookup(1, Ids{1}, kAlpha), doctest::Contains("chunk 0x1 appears in its own current prefix"),
                        error);
-  CHECK_THROWS_WITH_AS((void)cache.best(1, Ids{4, 4}), doctest::Contains("chunk id 0x4 appears more than once"), error);
+  CHECK_THROWS_WITH_AS((void)cache.best(1, Ids{4, 4}, kAlpha), doctest::Contains("chunk id 0x4 appears more than once"), error);
   CHECK(cache.size() == 1);
 }
 
@@ -314,7 +340,7 @@ TEST_CASE("variant cache: erase removes one variant, its KV key and, with the la
   CHECK(cache.erase(b.variant_id));
   CHECK_FALSE(cache.erase(b.variant_id));
   CHECK(cache.size() == 1);
-  CHECK(cache.best(kX, Ids{3})->variant_id == a.variant_id);  // the only one left
+  CHECK(cache.best(kX, Ids{3}, kAlpha)->variant_id == a.variant_id);  // the only one left
   CHECK(cache.insert(make_profile(kX, 10, {4}, {2.0}, 0.6), key(2)).inserted);  // its KV key is free again
   CHECK(cache.erase(a.variant_id));
   CHECK(cache.contains(kX));

@@ -11,7 +11,6 @@
 //   LlamaKVCache               per-layer K / V rows with their positions, KVBlock bytes (kv_cache.hpp)
 //   CpuLlama                   the forward pass and the fusion loop's operations (llama.hpp)
 //   CpuLlamaSession            here: one request's prompt and KV, a model of kvfuse::ComputeBackend
-//   chunk_attention, question_attention   here: Cache-Craft statistics from partial_prefill's LayerAttention
 //
 // The RoPE math lives in detail/rope.hpp (KVFUSE_HOST_DEVICE, shared with the CUDA kernels).
 
@@ -32,6 +31,7 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/select/cci_scorer.hpp"
 
 namespace kvfuse {
@@ -138,74 +138,5 @@ class CpuLlamaSession {
 };
 
 static_assert(ComputeBackend<CpuLlamaSession>);
-
-// Cache-Craft eq. 15's per-layer term inter_l(C_i, U): the attention mass of the question's rows (the
-// layout's query) on each chunk, from one layer of a partial prefill run with attention_groups = layout.
-// Every query row must be in `selected` (fusion methods always recompute the question).
-[[nodiscard]] inline std::vector<float> question_attention(const LayerAttention& stats, const TokenSet& selected,
-                                                           const PromptLayout& layout) {
-  layout.validate();
-  const std::size_t m = layout.chunks.size();
-  detail::require(stats.num_groups == static_cast<std::int64_t>(m) + 1,
-                  "question_attention: statistics over {} groups for a layout of {} chunks + query", stats.num_groups,
-                  m);
-  detail::require(stats.mass.size() == selected.size() * (m + 1),
-                  "question_attention: {} mass values for {} selected rows x {} groups", stats.mass.size(),
-                  selected.size(), m + 1);
-  std::vector<float> out(m, 0.0f);
-  std::int64_t seen = 0;
-  for (std::size_t i = 0; i < selected.size(); ++i) {
-    if (!layout.query.contains(selected[i])) continue;
-    ++seen;
-    for (std::size_t j = 0; j < m; ++j) out[j] += stats.at(i, j);
-  }
-  detail::require(seen == layout.query.size(), "question_attention: {} of the {} query rows {} were selected", seen,
-                  layout.query.size(), layout.query);
-  return out;
-}
-
-// Cache-Craft's per-chunk statistics (ChunkAttention: eq. 3 inter, eq. 4 intra, the eq. 14 token scores)
-// from a partial prefill that selected every row on every layer (a full prefill with statistics), one
-// LayerAttention per layer in order, groups = layout. intra excludes each token's weight on itself (eq. 4:
-// k < l strictly).
-[[nodiscard]] inline ChunkAttention chunk_attention(std::vector<std::uint64_t> ids, const PromptLayout& layout,
-                                                    const std::vector<LayerAttention>& layers) {
-  layout.validate();
-  const std::size_t m = layout.chunks.size();
-  const auto n = static_cast<std::size_t>(layout.num_tokens());
-  detail::require(ids.size() == m, "chunk_attention: {} chunk ids for {} chunks", ids.size(), m);
-  detail::require(!layers.empty(), "chunk_attention: no layers");
-  ChunkAttention out;
-  out.chunk_ids = std::move(ids);
-  for (const PromptChunk& c : layout.chunks) {
-    out.chunk_sizes.push_back(c.range.size());
-    out.token_prefix_attention.emplace_back(static_cast<std::size_t>(c.range.size()), 0.0);
-  }
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    const LayerAttention& a = layers[l];
-    detail::require(
-        a.num_groups == static_cast<std::int64_t>(m) + 1 && a.mass.size() == n * (m + 1) && a.self_mass.size() == n,
-        "chunk_attention: layer {} holds statistics of {} rows x {} groups; every one of the {} rows must "
-        "be selected, over {} chunks + query",
-        l, a.self_mass.size(), a.num_groups, n, m);
-    std::vector<double> mass(m * m, 0.0);
-    for (std::size_t i = 0; i < m; ++i) {
-      const TokenRange c = layout.chunks[i].range;
-      for (std::int64_t row = c.begin; row < c.end; ++row) {
-        const auto q = static_cast<std::size_t>(row);
-        double prefix = 0.0;
-        for (std::size_t j = 0; j < i; ++j) {
-          mass[i * m + j] += a.at(q, j);  // eq. 3: inter(C_j, C_i)
-          prefix += a.at(q, j);
-        }
-        mass[i * m + i] += std::max(0.0, static_cast<double>(a.at(q, i)) - a.self_mass[q]);  // eq. 4: intra(C_i)
-        out.token_prefix_attention[i][static_cast<std::size_t>(row - c.begin)] += prefix;    // eq. 14 score
-      }
-    }
-    out.layer_mass.push_back(std::move(mass));
-  }
-  out.validate();
-  return out;
-}
 
 }  // namespace kvfuse

@@ -5,8 +5,8 @@
 // (section 3.3, Fig. 18). The cache maps a chunk's content hash to its variants; each variant keeps the
 // ChunkProfile computed by CCIScorer (stored prefix with its inter attention, CCI, ordered recompute-token
 // list) and the KVKey under which the engine's KVStore holds its KV bytes (the cache owns no KV).
-//   lookup(chunk, current prefix): scores every variant against the current prefix (β, γ, β', CFO: eq. 6-8,
-//     12) and returns the one with the lowest CFO with its N = ⌈CFO · |C|⌉ tokens to recompute (eq. 14);
+//   lookup(chunk, current prefix, α): scores every variant against the current prefix (β, γ, β', CFO: eq. 6-8,
+//     12, with the α of the method asking: α lives on the method, CacheCraft::alpha) and returns the one with the lowest CFO with its N = ⌈CFO · |C|⌉ tokens to recompute (eq. 14);
 //     the chosen variant's reuse frequency grows by f_r += 1/CFO.
 //   insert(profile, kv): adds a variant for a new (chunk, prefix) pair; when the cache holds N × M variants
 //     the variant with the lowest f_r is evicted first and returned so the engine can erase its KV.
@@ -16,7 +16,7 @@
 // When to use: with CCIScorer, to keep the most reusable chunk-caches of a RAG workload under a fixed
 // budget of stored KV instances. Use a plain prefix cache (vLLM-style) when prompts share exact prefixes.
 //
-// Defaults from the paper: N = 100 chunks, M = 5 variants (section 5.1, "Cache Storage"), α = 1 (eq. 12).
+// Defaults from the paper: N = 100 chunks, M = 5 variants (section 5.1, "Cache Storage").
 // The paper's limit is N × M instances in total ("from one popular chunk with N × M variants to N × M
 // chunks, each with a single variant"), so by default M does not cap a single chunk; set
 // cap_variants_per_chunk to also hold every chunk to M variants (then a chunk's own lowest-f_r variant makes
@@ -32,7 +32,8 @@
 //    chooses a variant adds min(1/CFO, max_reuse_bonus) > 0, so until a lookup first chooses it, a new
 //    variant is the next eviction victim (after older never-chosen variants). Inserting into a full cache
 //    thus evicts unused variants before any variant that was ever reused.
-//  - Lookup ties in CFO go to the oldest variant. A variant for a (chunk, stored prefix) pair that is
+//  - The variant is chosen by CCI · (1 − β') (the CFO at α = 1: the same order for every α > 0, and still a
+//    choice at α = 0, where every CFO is 0); ties go to the oldest variant. A variant for a (chunk, stored prefix) pair that is
 //    already stored is not added again (the paper adds variants for a "unique chunk and prefix").
 //  - f_r uses the same CFO as the token count (eq. 12, with α); section 3.3 writes CFO without α, which
 //    picks the same variant.
@@ -59,7 +60,6 @@ struct VariantCacheConfig {
   std::int64_t num_chunks = 100;         // N (section 5.1)
   std::int64_t variants_per_chunk = 5;   // M (section 5.1)
   bool cap_variants_per_chunk = false;   // paper: only the N × M total is a limit
-  double alpha = 1.0;                    // eq. 12
   double max_reuse_bonus = 1000.0;       // cap of the f_r increment 1/CFO (CFO = 0 earns exactly this)
 
   [[nodiscard]] std::int64_t capacity() const noexcept { return num_chunks * variants_per_chunk; }
@@ -70,7 +70,6 @@ struct VariantCacheConfig {
                     variants_per_chunk);
     detail::require(num_chunks <= std::numeric_limits<std::int64_t>::max() / variants_per_chunk,
                     "VariantCacheConfig: N x M = {} x {} overflows", num_chunks, variants_per_chunk);
-    CCIScorerConfig{alpha}.validate();
     detail::require_finite_positive(max_reuse_bonus, "VariantCacheConfig: max_reuse_bonus");
   }
 };
@@ -153,24 +152,34 @@ class VariantCache {
   }
 
   // The variant of `chunk` with the lowest CFO behind `current_prefix` (ids of the chunks before it in the
-  // new prompt, in order); nullopt when the chunk has no variant. Does not change f_r.
-  [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk,
-                                                 std::span<const std::uint64_t> current_prefix) const {
+  // new prompt, in order), scored with the α (eq. 12) of the method asking; nullopt when the chunk has no
+  // variant. The choice does not depend on α (CFO = α · CCI · (1 − β'): the lowest CCI · (1 − β') wins).
+  // Does not change f_r.
+  [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
+                                                 double alpha) const {
     const auto it = chunks_.find(chunk);
     if (it == chunks_.end()) return std::nullopt;
-    auto [index, score] = choose(it->second, current_prefix);
+    auto [index, score] = choose(it->second, current_prefix, alpha);
     const VariantEntry& v = it->second[index];
     return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
   }
 
   // best(), and records the access: f_r += 1/CFO of the chosen variant (capped, section 3.3).
-  std::optional<VariantMatch> lookup(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix) {
-    const auto it = chunks_.find(chunk);
-    if (it == chunks_.end()) return std::nullopt;
-    auto [index, score] = choose(it->second, current_prefix);
-    VariantEntry& v = it->second[index];
-    v.reuse_frequency += reuse_frequency_increment(score.cfo, config_.max_reuse_bonus);
-    return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
+  std::optional<VariantMatch> lookup(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
+                                     double alpha) {
+    std::optional<VariantMatch> m = best(chunk, current_prefix, alpha);
+    if (m) m->reuse_frequency = record_use(m->variant_id, m->score.cfo);
+    return m;
+  }
+
+  // Records one use of variant `variant_id` at fix overhead `cfo` (a match from best() that a request then
+  // used): f_r += 1/CFO, capped (section 3.3). Returns the new f_r.
+  double record_use(std::uint64_t variant_id, double cfo) {
+    const double increment = reuse_frequency_increment(cfo, config_.max_reuse_bonus);
+    for (auto& [chunk, variants] : chunks_)
+      for (VariantEntry& v : variants)
+        if (v.id == variant_id) return v.reuse_frequency += increment;
+    throw error(fmt::format("VariantCache::record_use: no variant {}", variant_id));
   }
 
   // Removes variant `variant_id` (e.g. its KV left the engine's store); returns whether it was there.
@@ -214,11 +223,14 @@ class VariantCache {
   // leaves CFO ties with the oldest. Every variant gets β, γ, β' and CFO (eq. 6-8, 12); only the winner gets
   // its N and recompute TokenSet (eq. 14).
   std::pair<std::size_t, ChunkScore> choose(const std::vector<VariantEntry>& variants,
-                                            std::span<const std::uint64_t> current_prefix) const {
-    std::pair<std::size_t, ChunkScore> out{0, detail::score_cfo(variants[0].profile, current_prefix, config_.alpha)};
+                                            std::span<const std::uint64_t> current_prefix, double alpha) const {
+    detail::require_finite_nonneg(alpha, "VariantCache: alpha");
+    // Ranked by the CFO at α = 1, so that α = 0 (every CFO 0) still picks the best-matching variant.
+    const auto unscaled = [](const ChunkScore& s) { return cache_fix_overhead(s.cci, s.beta_adjusted, 1.0); };
+    std::pair<std::size_t, ChunkScore> out{0, detail::score_cfo(variants[0].profile, current_prefix, alpha)};
     for (std::size_t k = 1; k < variants.size(); ++k) {
-      ChunkScore s = detail::score_cfo(variants[k].profile, current_prefix, config_.alpha);
-      if (s.cfo < out.second.cfo) out = {k, std::move(s)};
+      ChunkScore s = detail::score_cfo(variants[k].profile, current_prefix, alpha);
+      if (unscaled(s) < unscaled(out.second)) out = {k, std::move(s)};
     }
     detail::fill_recompute(out.second, variants[out.first].profile);
     return out;

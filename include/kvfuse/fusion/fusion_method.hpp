@@ -161,6 +161,7 @@ struct ChunkPlan {
   // Cache-Craft: CFO of the chosen variant (eq. 12) and the chunk-local tokens it recomputes (eq. 14).
   double cfo = 0.0;
   TokenSet recompute;
+  std::uint64_t variant_id = 0;  // Cache-Craft: the chosen VariantCache entry (source == variant)
 };
 
 struct FusionPlan {

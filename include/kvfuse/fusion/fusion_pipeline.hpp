@@ -45,6 +45,7 @@
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/layer_schedule.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
 #include "kvfuse/select/cci_scorer.hpp"
 #include "kvfuse/select/focused_chunk_detector.hpp"
@@ -200,7 +201,7 @@ class FusionPipeline {
   [[nodiscard]] FusionPlan plan(std::span<const token_id> tokens, const PromptLayout& layout,
                                 const FusionMethod& method) const {
     check_prompt(tokens, layout, "FusionPipeline::plan");
-    return make_plan(tokens, layout, method, nullptr);
+    return make_plan(tokens, layout, method);
   }
 
   // Online: the prompt's KV and last-token logits by `method`, timed.
@@ -211,9 +212,11 @@ class FusionPipeline {
     if (std::holds_alternative<CacheCraft>(method)) drop_stale_variants();
     FusionResult out;
     auto t0 = std::chrono::steady_clock::now();
-    out.plan = make_plan(tokens, layout, method, &variants_);
-    out.time.plan_ms = detail::ms_since(t0);
+    out.plan = make_plan(tokens, layout, method);
     FusionPlan& plan = out.plan;
+    for (const ChunkPlan& c : plan.chunks)  // the run uses the planned variants: f_r += 1/CFO (section 3.3)
+      if (c.source == KVSource::variant) variants_.record_use(c.variant_id, c.cfo);
+    out.time.plan_ms = detail::ms_since(t0);
 
     // Bring the planned KV in and move it to this prompt's positions.
     out.kv = LlamaKVCache(num_layers, model_->config().kv_dim(), n);
@@ -261,10 +264,12 @@ class FusionPipeline {
     if (out.rejected_entries > 0) finish_plan(plan, method);  // chunks that became `compute` change S_0
 
     t0 = std::chrono::steady_clock::now();
+    const LayerSchedule schedule = layer_schedule(plan, method, num_layers);
     PartialPrefillOptions options;
-    SelectionPolicy policy = selection_policy(plan, method, options, out.focus);
-    PartialPrefillResult r = model_->partial_prefill(tokens, out.kv, plan.initial, policy, options);
+    if (schedule.needs_attention) options.attention_groups = &plan.layout;
+    PartialPrefillResult r = model_->partial_prefill(tokens, out.kv, plan.initial, schedule.next, options);
     out.time.prefill_ms = detail::ms_since(t0);
+    out.focus = *schedule.focus;
     out.logits = std::move(r.logits);
     out.selected_per_layer = std::move(r.selected_per_layer);
     std::int64_t total = 0;
@@ -295,9 +300,8 @@ class FusionPipeline {
     return {model_->fingerprint(), detail::domain_key(h, detail::KeyDomain::variant)};
   }
 
-  // Sources per chunk and S_0. With `record` set (a run), Cache-Craft lookups count as accesses (f_r).
-  FusionPlan make_plan(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method,
-                       VariantCache* record) const {
+  // Sources per chunk and S_0, from what the store and the variant cache hold now; changes nothing.
+  FusionPlan make_plan(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) const {
     FusionPlan plan;
     plan.method = method_name(method);
     plan.layout = layout;
@@ -314,26 +318,19 @@ class FusionPipeline {
         if (std::holds_alternative<PrefixCaching>(method)) {
           const KVKey key = prefix_key(prefix);
           prefix_open = prefix_open && store_->contains(key);
-          if (prefix_open) c = {pc.range, KVSource::prefix, key, pc.range.begin, 0.0, {}};
+          if (prefix_open) c = {pc.range, KVSource::prefix, key, pc.range.begin, 0.0, {}, 0};
         } else if (const auto* craft = std::get_if<CacheCraft>(&method)) {
           // A chunk repeated within the prompt has no prefix-as-a-set score (eq. 6-7): it is recomputed.
           const bool repeated = std::find(ids.begin(), ids.end(), id) != ids.end();
           std::optional<VariantMatch> m;
-          if (!repeated) m = record != nullptr ? record->lookup(id, ids) : variants_.best(id, ids);
-          if (m) {
-            // Cache-Craft eq. 12 with the method's alpha; the VariantCache chose the variant by its own alpha.
-            const double cfo = cache_fix_overhead(m->score.cci, m->score.beta_adjusted, craft->alpha);
-            c = {pc.range, KVSource::variant, m->kv, variant_positions_.at(m->kv.content), cfo, {}};
-            const std::vector<VariantEntry> stored = variants_.variants(id);
-            for (const VariantEntry& v : stored) {
-              if (v.id != m->variant_id) continue;
-              c.recompute = detail::top_of_ranking(detail::span_of(v.profile.token_ranking),
-                                           recompute_count(cfo, pc.range.size()));  // eq. 14
-            }
+          if (!repeated) m = variants_.best(id, ids, craft->alpha);
+          if (m) {  // eq. 12 CFO with the method's alpha, eq. 14 tokens to fix
+            c = {pc.range, KVSource::variant, m->kv, variant_positions_.at(m->kv.content), m->score.cfo,
+                 std::move(m->score.recompute), m->variant_id};
           }
         } else if (!std::holds_alternative<FullRecompute>(method)) {
           const KVKey key = isolated_key(chunk);
-          if (store_->contains(key)) c = {pc.range, KVSource::isolated, key, 0, 0.0, {}};
+          if (store_->contains(key)) c = {pc.range, KVSource::isolated, key, 0, 0.0, {}, 0};
         }
       }
       if (!pc.range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
@@ -343,80 +340,11 @@ class FusionPipeline {
     return plan;
   }
 
-  // layout.cached from the sources, and S_0.
+  // layout.cached from the sources, and S_0 (layer_schedule: the one place methods are dispatched).
   void finish_plan(FusionPlan& plan, const FusionMethod& method) const {
-    const auto n = plan.layout.num_tokens();
     for (std::size_t j = 0; j < plan.chunks.size(); ++j)
       plan.layout.chunks[j].cached = plan.chunks[j].source != KVSource::compute;
-    plan.initial.clear();
-    if (std::holds_alternative<FullRecompute>(method) || std::holds_alternative<CacheBlend>(method)) {
-      append_range(plan.initial, {0, n});  // CacheBlend: layer 0 computes every token (section 4.3)
-    } else if (const auto* link = std::get_if<AttnLink>(&method)) {
-      plan.initial = AttnLinkBoundary(link->config).plan(plan.layout).tokens;
-    } else {
-      for (const ChunkPlan& c : plan.chunks) {
-        if (c.source == KVSource::compute) {
-          append_range(plan.initial, c.range);
-        } else {
-          for (std::int64_t t : c.recompute) plan.initial.push_back(c.range.begin + t);
-        }
-      }
-      append_range(plan.initial, plan.layout.query);
-    }
-    detail::require(!plan.initial.empty() && plan.initial.back() == n - 1,
-                    "FusionPipeline: the prompt's last token must be part of the query (layout query {})",
-                    plan.layout.query);
-  }
-
-  // S_{l+1} for each method (nullptr-equivalent: keep S_l).
-  SelectionPolicy selection_policy(const FusionPlan& plan, const FusionMethod& method, PartialPrefillOptions& options,
-                                   std::optional<FocusDecision>& focus) const {
-    if (const auto* blend = std::get_if<CacheBlend>(&method)) {
-      auto selector = std::make_shared<HKVDSelector>(blend->config, plan.layout,
-                                                     static_cast<int>(model_->config().n_layer));
-      detail::require(blend->rank_by == KVTensor::key || blend->rank_by == KVTensor::value,
-                      "FusionPipeline: CacheBlend::rank_by = {} is neither KVTensor::key nor KVTensor::value",
-                      static_cast<int>(blend->rank_by));
-      const bool by_value = blend->rank_by == KVTensor::value;
-      return [selector, by_value](const LayerReport& r) {  // CacheBlend section 4.3, gradual filtering
-        return selector->select(static_cast<int>(r.layer), r.selected, by_value ? r.v_deviation : r.k_deviation);
-      };
-    }
-    const auto* craft = std::get_if<CacheCraft>(&method);
-    if (craft == nullptr || !craft->focus_termination) return {};
-    // Cache-Craft section 3.2.2: the candidates are the chunks whose tokens are being fixed.
-    std::vector<std::size_t> candidates;
-    for (std::size_t j = 0; j < plan.chunks.size(); ++j)
-      if (plan.chunks[j].source == KVSource::variant && !plan.chunks[j].recompute.empty()) candidates.push_back(j);
-    if (candidates.empty()) return {};
-    options.attention_groups = &plan.layout;
-    auto detector = std::make_shared<FocusedChunkDetector>(candidates.size(),
-                                                           static_cast<std::size_t>(model_->config().n_layer),
-                                                           craft->focus);
-    return [detector, candidates, &plan, &focus](const LayerReport& r) -> TokenSet {
-      if (detector->is_final()) return r.selected;
-      const std::vector<float> all = question_attention(*r.attention, r.selected, plan.layout);  // eq. 15 term
-      std::vector<float> mine;
-      for (std::size_t j : candidates) mine.push_back(all[j]);
-      if (!detector->observe(static_cast<std::size_t>(r.layer), mine)) return r.selected;
-      // From L* on, tokens of unfocused chunks keep their (fixed so far) KV.
-      const FocusDecision& d = detector->decision();
-      focus = FocusDecision{d.stabilised, {}, d.cutoff_layer};
-      std::vector<TokenRange> dropped;
-      for (std::size_t i = 0; i < candidates.size(); ++i) {
-        if (std::binary_search(d.focused.begin(), d.focused.end(), i)) {
-          focus->focused.push_back(candidates[i]);
-        } else {
-          dropped.push_back(plan.chunks[candidates[i]].range);
-        }
-      }
-      TokenSet next;
-      for (std::int64_t t : r.selected) {
-        const bool drop = std::any_of(dropped.begin(), dropped.end(), [t](TokenRange range) { return range.contains(t); });
-        if (!drop) next.push_back(t);
-      }
-      return next;
-    };
+    plan.initial = layer_schedule(plan, method, model_->config().n_layer).initial;
   }
 
   const CpuLlama* model_;

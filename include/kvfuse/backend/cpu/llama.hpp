@@ -56,34 +56,10 @@
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/detail/attention.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/detail/rope.hpp"
 
 namespace kvfuse {
-
-// Attention statistics of one layer of a partial prefill, for the rows it computed (S_l, in order), against
-// groups of KV rows given by a PromptLayout over the rows: chunk j of the layout is group j, the query is
-// group chunks.size(). Weights are the softmax probabilities summed over all query heads.
-struct LayerAttention {
-  std::int64_t num_groups = 0;
-  std::vector<float> mass;       // [|S_l|][num_groups]: weight of selected row i on the rows of group g
-  std::vector<float> self_mass;  // [|S_l|]: weight of selected row i on itself (part of its own group's mass)
-
-  [[nodiscard]] float at(std::size_t i, std::size_t group) const noexcept {
-    return mass[i * static_cast<std::size_t>(num_groups) + group];
-  }
-};
-
-// What a selection policy sees after layer `layer` of a partial prefill.
-struct LayerReport {
-  std::int64_t layer = 0;
-  const TokenSet& selected;            // S_l: the rows this layer computed (ascending)
-  std::span<const float> k_deviation;  // per entry of selected: squared L2 of recomputed − cached K (CacheBlend 4.1)
-  std::span<const float> v_deviation;  // the same for V
-  const LayerAttention* attention;     // nullptr unless PartialPrefillOptions::attention_groups was given
-};
-
-// Returns S_{l+1} ⊆ S_l, which must keep the last row. The value returned after the last layer is not used.
-using SelectionPolicy = std::function<TokenSet(const LayerReport&)>;
 
 struct PartialPrefillOptions {
   // When set, every LayerReport carries LayerAttention over these groups (layout.num_tokens() == rows).

@@ -1,0 +1,120 @@
+#pragma once
+// The per-layer protocol of the fusion loop, independent of any backend: what an engine's forward pass
+// reports after computing the selected rows S_l of layer l (KV deviations, attention statistics), and what
+// a method's policy returns (S_{l+1}). Every position-independent reuse method is the same layer-wise
+// partial prefill (CacheBlend §4.3, Epic §4.2, Cache-Craft §3.2); fusion/layer_schedule.hpp says, per
+// method, which rows each layer computes. The reference CPU backend (backend/cpu/llama.hpp) is one engine
+// that speaks it.
+//
+// Also here: Cache-Craft's statistics computed from these reports (question_attention: eq. 15's term;
+// chunk_attention: eq. 3, 4 and 14's inputs).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/select/cci_scorer.hpp"
+
+namespace kvfuse {
+
+// Attention statistics of one layer of the loop, for the rows it computed (S_l, in order), against
+// groups of KV rows given by a PromptLayout over the rows: chunk j of the layout is group j, the query is
+// group chunks.size(). Weights are the softmax probabilities summed over all query heads.
+struct LayerAttention {
+  std::int64_t num_groups = 0;
+  std::vector<float> mass;       // [|S_l|][num_groups]: weight of selected row i on the rows of group g
+  std::vector<float> self_mass;  // [|S_l|]: weight of selected row i on itself (part of its own group's mass)
+
+  [[nodiscard]] float at(std::size_t i, std::size_t group) const noexcept {
+    return mass[i * static_cast<std::size_t>(num_groups) + group];
+  }
+};
+
+// What a selection policy sees after layer `layer` of the loop.
+struct LayerReport {
+  std::int64_t layer = 0;
+  const TokenSet& selected;            // S_l: the rows this layer computed (ascending)
+  std::span<const float> k_deviation;  // per entry of selected: squared L2 of recomputed − cached K (CacheBlend 4.1)
+  std::span<const float> v_deviation;  // the same for V
+  const LayerAttention* attention;     // nullptr unless statistics were asked for (LayerSchedule::needs_attention)
+};
+
+// Returns S_{l+1} ⊆ S_l, which must keep the last row. The value returned after the last layer is not used.
+using SelectionPolicy = std::function<TokenSet(const LayerReport&)>;
+
+// Cache-Craft eq. 15's per-layer term inter_l(C_i, U): the attention mass of the question's rows (the
+// layout's query) on each chunk, from one layer of the loop with statistics over groups = layout.
+// Every query row must be in `selected` (fusion methods always recompute the question).
+[[nodiscard]] inline std::vector<float> question_attention(const LayerAttention& stats, const TokenSet& selected,
+                                                           const PromptLayout& layout) {
+  layout.validate();
+  const std::size_t m = layout.chunks.size();
+  detail::require(stats.num_groups == static_cast<std::int64_t>(m) + 1,
+                  "question_attention: statistics over {} groups for a layout of {} chunks + query", stats.num_groups,
+                  m);
+  detail::require(stats.mass.size() == selected.size() * (m + 1),
+                  "question_attention: {} mass values for {} selected rows x {} groups", stats.mass.size(),
+                  selected.size(), m + 1);
+  std::vector<float> out(m, 0.0f);
+  std::int64_t seen = 0;
+  for (std::size_t i = 0; i < selected.size(); ++i) {
+    if (!layout.query.contains(selected[i])) continue;
+    ++seen;
+    for (std::size_t j = 0; j < m; ++j) out[j] += stats.at(i, j);
+  }
+  detail::require(seen == layout.query.size(), "question_attention: {} of the {} query rows {} were selected", seen,
+                  layout.query.size(), layout.query);
+  return out;
+}
+
+// Cache-Craft's per-chunk statistics (ChunkAttention: eq. 3 inter, eq. 4 intra, the eq. 14 token scores)
+// from a run of the loop that selected every row on every layer (a full prefill with statistics), one
+// LayerAttention per layer in order, groups = layout. intra excludes each token's weight on itself (eq. 4:
+// k < l strictly).
+[[nodiscard]] inline ChunkAttention chunk_attention(std::vector<std::uint64_t> ids, const PromptLayout& layout,
+                                                    const std::vector<LayerAttention>& layers) {
+  layout.validate();
+  const std::size_t m = layout.chunks.size();
+  const auto n = static_cast<std::size_t>(layout.num_tokens());
+  detail::require(ids.size() == m, "chunk_attention: {} chunk ids for {} chunks", ids.size(), m);
+  detail::require(!layers.empty(), "chunk_attention: no layers");
+  ChunkAttention out;
+  out.chunk_ids = std::move(ids);
+  for (const PromptChunk& c : layout.chunks) {
+    out.chunk_sizes.push_back(c.range.size());
+    out.token_prefix_attention.emplace_back(static_cast<std::size_t>(c.range.size()), 0.0);
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const LayerAttention& a = layers[l];
+    detail::require(
+        a.num_groups == static_cast<std::int64_t>(m) + 1 && a.mass.size() == n * (m + 1) && a.self_mass.size() == n,
+        "chunk_attention: layer {} holds statistics of {} rows x {} groups; every one of the {} rows must "
+        "be selected, over {} chunks + query",
+        l, a.self_mass.size(), a.num_groups, n, m);
+    std::vector<double> mass(m * m, 0.0);
+    for (std::size_t i = 0; i < m; ++i) {
+      const TokenRange c = layout.chunks[i].range;
+      for (std::int64_t row = c.begin; row < c.end; ++row) {
+        const auto q = static_cast<std::size_t>(row);
+        double prefix = 0.0;
+        for (std::size_t j = 0; j < i; ++j) {
+          mass[i * m + j] += a.at(q, j);  // eq. 3: inter(C_j, C_i)
+          prefix += a.at(q, j);
+        }
+        mass[i * m + i] += std::max(0.0, static_cast<double>(a.at(q, i)) - a.self_mass[q]);  // eq. 4: intra(C_i)
+        out.token_prefix_attention[i][static_cast<std::size_t>(row - c.begin)] += prefix;    // eq. 14 score
+      }
+    }
+    out.layer_mass.push_back(std::move(mass));
+  }
+  out.validate();
+  return out;
+}
+
+}  // namespace kvfuse
