@@ -318,7 +318,7 @@ int main(int argc, char** argv) try {
         kvfuse::FusionResult r = pipeline.run(prompt.tokens, layout, methods[mi]);
         const double ttft = r.time.ttft_ms();
         const std::string answer =
-            answer_text(tok, model.greedy_decode(r.kv, r.logits, o.max_new_tokens, tok.eos()));
+            answer_text(tok, model.greedy_decode(pipeline.backend().kv(), r.logits, o.max_new_tokens, tok.eos()));
         if (mi == 0) {
           full_logits = r.logits;
           full_answer = answer;
@@ -352,11 +352,12 @@ int main(int argc, char** argv) try {
       memory.clear();  // bound memory: the disk tier (if any) keeps the entries
     }
   };
+  kvfuse::CpuLlamaFusion engine(model);
   if (tiered) {
-    kvfuse::FusionPipeline<Tiered> pipeline(model, *tiered);
+    kvfuse::FusionPipeline pipeline(engine, *tiered);
     evaluate(pipeline);
   } else {
-    kvfuse::FusionPipeline<kvfuse::InMemoryKVStore> pipeline(model, memory);
+    kvfuse::FusionPipeline pipeline(engine, memory);
     evaluate(pipeline);
   }
 

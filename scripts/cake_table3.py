@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reproduce the shape of Cake's Table 3 (cake-icml2025.txt) with kvfuse-cake-sim.
+"""Reproduce the shape of Cake's Table 3 ("Compute Or Load KV Cache? Why Not Both?", ICML 2025) with kvfuse-cake-sim.
 
 LongAlpaca-13B, 16K tokens, 800 kB/token, compute chunk 512. For each hardware row group the compute
 cost a + b*i per chunk is fitted from the paper's own numbers:

@@ -1,7 +1,7 @@
 #pragma once
 // Umbrella header of kvfuse::cpu: real models on the CPU — GGUF files, the byte-level BPE tokenizer and
-// chat / RAG prompt layout, the Eigen reference Llama backend, and FusionPipeline (every reuse method run on
-// that backend), with the stores and metrics it is used with. Needs Eigen 3.4 and PCRE2 (link kvfuse::cpu).
+// chat / RAG prompt layout, the Eigen reference Llama backend (CpuLlamaFusion runs every reuse method
+// of FusionPipeline), with the stores and metrics it is used with. Needs Eigen 3.4 and PCRE2 (link kvfuse::cpu).
 // The policies alone need only kvfuse/kvfuse.hpp.
 
 #include "kvfuse/eval.hpp"
@@ -12,4 +12,3 @@
 #include "kvfuse/model/tokenizer.hpp"
 
 #include "kvfuse/backend/cpu_llama.hpp"
-#include "kvfuse/fusion/fusion_pipeline.hpp"

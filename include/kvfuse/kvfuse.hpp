@@ -9,7 +9,7 @@
 //   kvfuse/simulation.hpp  SimulatedCompute / SimulatedStore: cost-modelled backends in virtual time
 //   kvfuse/eval.hpp        quality metrics against full prefill and gold answers (KL, ROUGE-L, F1)
 //   kvfuse/ref.hpp         the CUDA kernels' argument structs and CPU references (launchers: kvfuse/cuda.cuh)
-//   kvfuse/cpu.hpp         the reference CPU backend: GGUF models, tokenizer, Eigen Llama, FusionPipeline
+//   kvfuse/cpu.hpp         the reference CPU backend: GGUF models, tokenizer, Eigen Llama (CpuLlamaFusion)
 
 #include "kvfuse/core/config.hpp"
 #include "kvfuse/core/dtype.hpp"
@@ -36,6 +36,8 @@
 
 #include "kvfuse/split/kv_split.hpp"
 
+#include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/fusion/layer_schedule.hpp"

@@ -19,7 +19,7 @@ string(REPLACE "\\\n" " " deps "${deps}")
 string(REGEX REPLACE "[ \t\r\n]+" ";" deps "${deps}")
 set(forbidden
     "/fcntl\\.h$" "/sys/stat\\.h$" "/thread$" "/fstream$" "/filesystem$"
-    "/kvfuse/ref/" "/kvfuse/eval/" "/kvfuse/backend/cpu" "/kvfuse/model/" "/kvfuse/fusion/fusion_pipeline\\.hpp$"
+    "/kvfuse/ref/" "/kvfuse/eval/" "/kvfuse/backend/cpu" "/kvfuse/model/"
     "/kvfuse/backend/(disk_kv_store|in_memory_store|tiered_kv_store|simulated)\\.hpp$" "/Eigen/")
 set(bad "")
 set(count 0)

@@ -1,13 +1,15 @@
 // FusionPipeline: every method through the one loop, checked against full prefill; the chunk-cache store's
 // failure modes (corrupt, foreign-model, missing entries, a store that goes away) through the real pipeline;
-// the edge cases that crashed other implementations (100 % hit with reordered chunks, the same prompt twice, empty and one-token
-// chunks). A small random-weights Llama runs everywhere; the last case runs SmolLM2 on real text (Release
-// builds with the model file).
+// the edge cases that crashed other implementations (100 % hit with reordered chunks, the same prompt twice,
+// empty and one-token chunks); engines other than CpuLlamaFusion (a paged KV layout, a fixed-set engine). A
+// small random-weights Llama runs everywhere; the real-model case runs SmolLM2 on real text (Release builds
+// with the model file).
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -119,7 +121,8 @@ TEST_CASE("method names: defaults are bare, sweep points are name@value, bad nam
 TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r = 1") {
   const CpuLlama model = small_model();
   InMemoryKVStore store;
-  FusionPipeline pipeline(model, store);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   pipeline.store_chunk_caches(p.tokens, p.layout);
   const LlamaPrefill reference = model.full_prefill(p.tokens);
@@ -130,8 +133,8 @@ TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r =
     CHECK(r.logits == reference.logits);
     CHECK(r.recompute_fraction == 1.0);
     for (std::int64_t l = 0; l < model.config().n_layer; ++l) {
-      CHECK(r.kv.k[static_cast<std::size_t>(l)] == reference.kv.k[static_cast<std::size_t>(l)]);
-      CHECK(r.kv.v[static_cast<std::size_t>(l)] == reference.kv.v[static_cast<std::size_t>(l)]);
+      CHECK(engine.kv().k[static_cast<std::size_t>(l)] == reference.kv.k[static_cast<std::size_t>(l)]);
+      CHECK(engine.kv().v[static_cast<std::size_t>(l)] == reference.kv.v[static_cast<std::size_t>(l)]);
     }
   }
   // Full recompute loads nothing.
@@ -146,7 +149,8 @@ TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r =
 TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction follow the plan") {
   const CpuLlama model = small_model();
   InMemoryKVStore store;
-  FusionPipeline pipeline(model, store);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   const auto n = static_cast<std::int64_t>(p.tokens.size());
   const std::int64_t layers = model.config().n_layer;
@@ -191,7 +195,8 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
   }
   // Cache-Craft's variants come from an earlier prompt in which a chunk D preceded C, B and A.
   InMemoryKVStore craft_store;
-  FusionPipeline craft(model, craft_store);
+  CpuLlamaFusion craft_engine(model);
+  FusionPipeline craft(craft_engine, craft_store);
   const Prompt with_d = assemble({kSystem, chunk_tokens(7, 6), kC, kB, kA}, chunk_tokens(4, 9));
   craft.record_context(with_d.tokens, with_d.layout);
   CHECK(craft.variants().size() == 5);
@@ -243,7 +248,8 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
 TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, empty and one-token chunks") {
   const CpuLlama model = small_model();
   InMemoryKVStore store;
-  FusionPipeline pipeline(model, store);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
   const Prompt first = assemble({kSystem, kA, kB, kC}, kQuery);
   pipeline.store_chunk_caches(first.tokens, first.layout);
 
@@ -255,7 +261,7 @@ TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, e
   for (const ChunkPlan& c : r.plan.chunks) CHECK(c.source == KVSource::isolated);
   const TokenRange a = reordered.layout.chunks[2].range;
   const LlamaKVCache direct = model.prefill_chunk(kA, a.begin);
-  const LlamaKVCache loaded = r.kv.slice(a);
+  const LlamaKVCache loaded = engine.kv().slice(a);
   CHECK(loaded.positions == direct.positions);
   for (std::int64_t l = 0; l < model.config().n_layer; ++l) {
     CHECK(max_abs_diff(loaded.k[static_cast<std::size_t>(l)], direct.k[static_cast<std::size_t>(l)]) < 1e-4);
@@ -299,7 +305,8 @@ TEST_CASE("chunk-cache store on disk: corrupt and foreign-model entries are reje
     InMemoryKVStore memory;
     DiskKVStore disk(dir.path);
     TieredKVStore tiered(memory, disk);
-    FusionPipeline pipeline(model, tiered);
+    CpuLlamaFusion engine(model);
+    FusionPipeline pipeline(engine, tiered);
     CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 3);
     clean = pipeline.run(p.tokens, p.layout, NaiveReuse{}).logits;
   }
@@ -307,7 +314,8 @@ TEST_CASE("chunk-cache store on disk: corrupt and foreign-model entries are reje
   InMemoryKVStore memory;
   DiskKVStore disk(dir.path);
   TieredKVStore tiered(memory, disk);
-  FusionPipeline pipeline(model, tiered);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, tiered);
   CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 0);
   CHECK(pipeline.run(p.tokens, p.layout, NaiveReuse{}).logits == clean);
 
@@ -333,7 +341,8 @@ TEST_CASE("chunk-cache store on disk: corrupt and foreign-model entries are reje
   // A foreign model's entry under this model's key name (same chunk content): rejected, recomputed.
   InMemoryKVStore other_memory;
   TieredKVStore other_tiered(other_memory, disk);
-  FusionPipeline other_pipeline(other, other_tiered);
+  CpuLlamaFusion other_engine(other);
+  FusionPipeline other_pipeline(other_engine, other_tiered);
   CHECK(other_pipeline.store_chunk_caches(p.tokens, p.layout) == 3);  // keys carry the model: no sharing
   fs::copy_file(disk.path_for(other_pipeline.isolated_key(a)), a_file, fs::copy_options::overwrite_existing);
   memory.clear();
@@ -352,7 +361,8 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
   InMemoryKVStore memory;
   DiskKVStore disk(dir.path);
   TieredKVStore tiered(memory, disk);
-  FusionPipeline pipeline(model, tiered);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, tiered);
   pipeline.store_chunk_caches(p.tokens, p.layout);
   pipeline.record_context(p.tokens, p.layout);
 
@@ -386,7 +396,8 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
 TEST_CASE("bad input: a layout that does not cover the prompt, a prompt without a query") {
   const CpuLlama model = small_model();
   InMemoryKVStore store;
-  FusionPipeline pipeline(model, store);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
   const Prompt p = assemble({kSystem, kA}, kQuery);
   PromptLayout short_layout = p.layout;
   short_layout.query.end -= 1;
@@ -415,7 +426,8 @@ TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers p
   const RagPrompt warm = build_rag_prompt(tok, "Answer the question using the documents, in a few words.", earlier,
                                           "Which county is Hughesville in?");
   InMemoryKVStore store;
-  FusionPipeline pipeline(model, store);
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
   pipeline.store_chunk_caches(prompt.tokens, prompt.layout());
   pipeline.record_context(warm.tokens, warm.layout());
 
@@ -436,4 +448,208 @@ TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers p
   CHECK(eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), PrefixCaching{}).logits) < 1e-6);
   CHECK(eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), parse_method("cacheblend@0.5")).logits) <
         naive_kl);
+}
+
+// ------------------------------------------------------------------------- engines other than CpuLlamaFusion
+namespace {
+
+// A second engine of the fusion loop with its own KV layout, as vLLM lays KV out: pages of 16 rows from one
+// pool behind a block table (pages handed out in a scrambled order), each page [layer][K | V][16 rows][kv_dim],
+// and its own KVBlock format (row-major: row, layer, K then V), under its own fingerprint. Its arithmetic is
+// CpuLlama's (gathered into a LlamaKVCache for each call): the test is that FusionPipeline assumes nothing of
+// LlamaKVCache, so both engines must give the same logits for the same plans.
+class PagedEngine {
+ public:
+  static constexpr std::int64_t kPageRows = 16;
+
+  explicit PagedEngine(const CpuLlama& model) : model_(&model) {}
+
+  [[nodiscard]] std::uint64_t model_fingerprint() const { return model_->fingerprint() ^ 0x9a6edull; }
+  [[nodiscard]] std::int64_t num_layers() const { return model_->config().n_layer; }
+  [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const {
+    return static_cast<std::size_t>(rows * num_layers() * 2 * kv_dim()) * sizeof(float);
+  }
+
+  [[nodiscard]] KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first_position) const {
+    const LlamaKVCache kv = model_->prefill_chunk(tokens, first_position);
+    return encode(kv, {0, kv.num_rows()}, first_position);
+  }
+
+  void begin(std::span<const token_id> tokens) {
+    tokens_.assign(tokens.begin(), tokens.end());
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    const std::int64_t pages = (n + kPageRows - 1) / kPageRows;
+    block_table_.resize(static_cast<std::size_t>(pages));
+    for (std::int64_t p = 0; p < pages; ++p) block_table_[static_cast<std::size_t>(p)] = (p * 7 + 3) % pages;
+    pool_.assign(static_cast<std::size_t>(pages * kPageRows * num_layers() * 2 * kv_dim()), 0.0f);
+    positions_.resize(static_cast<std::size_t>(n));
+    std::iota(positions_.begin(), positions_.end(), std::int64_t{0});  // row t at position t until loaded
+  }
+
+  void load_rows(TokenRange r, const KVBlock& block) {
+    REQUIRE(block.bytes.size() == block_bytes(r.size()));
+    const float* in = reinterpret_cast<const float*>(block.bytes.data());
+    for (std::int64_t row = r.begin; row < r.end; ++row) {
+      positions_[static_cast<std::size_t>(row)] = block.first_position + (row - r.begin);
+      for (std::int64_t l = 0; l < num_layers(); ++l)
+        for (int kv = 0; kv < 2; ++kv, in += kv_dim()) std::copy_n(in, kv_dim(), slot(row, l, kv));
+    }
+  }
+
+  void shift_rows(TokenRange r, std::int64_t delta) {
+    LlamaKVCache kv = gather();
+    model_->rope_shift(kv, r, delta);
+    scatter(kv);
+  }
+
+  std::vector<float> prefill(const TokenSet& rows) { return prefill(rows, {}, nullptr); }
+
+  std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
+    LlamaKVCache kv = gather();
+    PartialPrefillOptions options;
+    options.attention_groups = groups;
+    std::vector<float> logits = model_->partial_prefill(tokens_, kv, rows, next, options).logits;
+    scatter(kv);
+    return logits;
+  }
+
+  [[nodiscard]] KVBlock save_rows(TokenRange r) const {
+    return encode(gather(), r, positions_[static_cast<std::size_t>(r.begin)]);
+  }
+
+  // The request's KV in LlamaKVCache form, to compare with CpuLlamaFusion's.
+  [[nodiscard]] LlamaKVCache gather() const {
+    const auto n = static_cast<std::int64_t>(positions_.size());
+    LlamaKVCache kv(num_layers(), kv_dim(), n);
+    kv.positions = positions_;
+    for (std::int64_t row = 0; row < n; ++row)
+      for (std::int64_t l = 0; l < num_layers(); ++l) {
+        std::copy_n(slot(row, l, 0), kv_dim(), kv.k[static_cast<std::size_t>(l)].data() + row * kv_dim());
+        std::copy_n(slot(row, l, 1), kv_dim(), kv.v[static_cast<std::size_t>(l)].data() + row * kv_dim());
+      }
+    return kv;
+  }
+
+ private:
+  [[nodiscard]] std::int64_t kv_dim() const { return model_->config().kv_dim(); }
+
+  [[nodiscard]] std::size_t offset(std::int64_t row, std::int64_t layer, int kv) const {
+    const std::int64_t page = block_table_[static_cast<std::size_t>(row / kPageRows)];
+    return static_cast<std::size_t>((((page * num_layers() + layer) * 2 + kv) * kPageRows + row % kPageRows) * kv_dim());
+  }
+  [[nodiscard]] float* slot(std::int64_t row, std::int64_t layer, int kv) { return pool_.data() + offset(row, layer, kv); }
+  [[nodiscard]] const float* slot(std::int64_t row, std::int64_t layer, int kv) const {
+    return pool_.data() + offset(row, layer, kv);
+  }
+
+  void scatter(const LlamaKVCache& kv) {
+    positions_ = kv.positions;
+    for (std::int64_t row = 0; row < kv.num_rows(); ++row)
+      for (std::int64_t l = 0; l < num_layers(); ++l) {
+        std::copy_n(kv.k[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), slot(row, l, 0));
+        std::copy_n(kv.v[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), slot(row, l, 1));
+      }
+  }
+
+  [[nodiscard]] KVBlock encode(const LlamaKVCache& kv, TokenRange r, std::int64_t first_position) const {
+    KVBlock block{r.size(), std::vector<std::byte>(block_bytes(r.size())), first_position};
+    auto* out = reinterpret_cast<float*>(block.bytes.data());
+    for (std::int64_t row = r.begin; row < r.end; ++row)
+      for (std::int64_t l = 0; l < num_layers(); ++l) {
+        out = std::copy_n(kv.k[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), out);
+        out = std::copy_n(kv.v[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), out);
+      }
+    return block;
+  }
+
+  const CpuLlama* model_;
+  std::vector<token_id> tokens_;
+  std::vector<std::int64_t> block_table_;
+  std::vector<float> pool_;
+  std::vector<std::int64_t> positions_;
+};
+static_assert(PerLayerFusionBackend<PagedEngine>);
+
+// An engine that can only recompute one fixed set on every layer (llama.cpp's public API is of this kind):
+// CpuLlamaFusion without the per-layer prefill.
+class FixedSetEngine {
+ public:
+  explicit FixedSetEngine(const CpuLlama& model) : inner_(model) {}
+  [[nodiscard]] std::uint64_t model_fingerprint() const { return inner_.model_fingerprint(); }
+  [[nodiscard]] std::int64_t num_layers() const { return inner_.num_layers(); }
+  [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const { return inner_.block_bytes(rows); }
+  [[nodiscard]] KVBlock chunk_kv(std::span<const token_id> t, std::int64_t first) const { return inner_.chunk_kv(t, first); }
+  void begin(std::span<const token_id> tokens) { inner_.begin(tokens); }
+  void load_rows(TokenRange r, const KVBlock& block) { inner_.load_rows(r, block); }
+  void shift_rows(TokenRange r, std::int64_t delta) { inner_.shift_rows(r, delta); }
+  std::vector<float> prefill(const TokenSet& rows) { return inner_.prefill(rows); }
+  [[nodiscard]] KVBlock save_rows(TokenRange r) const { return inner_.save_rows(r); }
+
+ private:
+  CpuLlamaFusion inner_;
+};
+static_assert(FixedSetFusionBackend<FixedSetEngine> && !PerLayerFusionBackend<FixedSetEngine>);
+
+template <class Pipeline, class Method>
+concept RunsMethod = requires(Pipeline& p, std::span<const token_id> t, const PromptLayout& l, const Method& m) {
+  p.run(t, l, m);
+};
+using FixedPipeline = FusionPipeline<FixedSetEngine, InMemoryKVStore>;
+static_assert(RunsMethod<FixedPipeline, AttnLink> && RunsMethod<FixedPipeline, NaiveReuse>);
+static_assert(!RunsMethod<FixedPipeline, CacheBlend>);  // refused at compile time: needs per-layer feedback
+static_assert(RunsMethod<FusionPipeline<PagedEngine, InMemoryKVStore>, CacheBlend>);
+
+}  // namespace
+
+TEST_CASE("a paged engine runs the same plans as CpuLlamaFusion and gives the same logits, bit for bit") {
+  const CpuLlama model = small_model();
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  const Prompt earlier = assemble({kSystem, kA, kC, kB}, chunk_tokens(4, 9));
+  InMemoryKVStore flat_store;
+  InMemoryKVStore paged_store;
+  CpuLlamaFusion flat_engine(model);
+  PagedEngine paged_engine(model);
+  FusionPipeline flat(flat_engine, flat_store);
+  FusionPipeline paged(paged_engine, paged_store);
+  flat.store_chunk_caches(p.tokens, p.layout);
+  paged.store_chunk_caches(p.tokens, p.layout);
+  flat.record_context(earlier.tokens, earlier.layout);
+  paged.record_context(earlier.tokens, earlier.layout);
+  CHECK(flat.isolated_key(kA) != paged.isolated_key(kA));  // the key carries the engine's layout
+  for (const std::string name :
+       {"full", "prefix", "naive", "cacheblend", "attnlink@4", "cachecraft", "cachecraft-nofocus"}) {
+    CAPTURE(name);
+    const FusionResult a = flat.run(p.tokens, p.layout, parse_method(name));
+    const FusionResult b = paged.run(p.tokens, p.layout, parse_method(name));
+    CHECK(a.logits == b.logits);
+    CHECK(a.selected_per_layer == b.selected_per_layer);
+    CHECK(a.plan.initial == b.plan.initial);
+    for (std::size_t j = 0; j < a.plan.chunks.size(); ++j) CHECK(a.plan.chunks[j].source == b.plan.chunks[j].source);
+    const LlamaKVCache kv = paged_engine.gather();
+    CHECK(kv.positions == flat_engine.kv().positions);
+    for (std::size_t l = 0; l < kv.k.size(); ++l) {
+      CHECK(kv.k[l] == flat_engine.kv().k[l]);
+      CHECK(kv.v[l] == flat_engine.kv().v[l]);
+    }
+  }
+}
+
+TEST_CASE("a fixed-set engine runs the fixed-set methods; per-layer methods are refused by name") {
+  const CpuLlama model = small_model();
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  InMemoryKVStore fixed_store;
+  InMemoryKVStore store;
+  FixedSetEngine fixed_engine(model);
+  CpuLlamaFusion engine(model);
+  FusionPipeline fixed(fixed_engine, fixed_store);
+  FusionPipeline reference(engine, store);
+  fixed.store_chunk_caches(p.tokens, p.layout);
+  reference.store_chunk_caches(p.tokens, p.layout);
+  for (const std::string name : {"full", "naive", "attnlink", "cachecraft"}) {  // no variants: no focus
+    CAPTURE(name);
+    CHECK(fixed.run(p.tokens, p.layout, parse_method(name)).logits ==
+          reference.run(p.tokens, p.layout, parse_method(name)).logits);
+  }
+  CHECK(error_of([&] { (void)fixed.run(p.tokens, p.layout, parse_method("cacheblend@0.2")); })
+            .find("method 'cacheblend@0.2' changes the recomputed set per layer") != std::string::npos);
 }

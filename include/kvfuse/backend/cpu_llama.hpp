@@ -11,6 +11,7 @@
 //   LlamaKVCache               per-layer K / V rows with their positions, KVBlock bytes (kv_cache.hpp)
 //   CpuLlama                   the forward pass and the fusion loop's operations (llama.hpp)
 //   CpuLlamaSession            here: one request's prompt and KV, a model of kvfuse::ComputeBackend
+//   CpuLlamaFusion             here: one request's KV for the fusion loop, a model of PerLayerFusionBackend
 //
 // The RoPE math lives in detail/rope.hpp (KVFUSE_HOST_DEVICE, shared with the CUDA kernels).
 
@@ -31,6 +32,7 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/select/cci_scorer.hpp"
 
@@ -138,5 +140,61 @@ class CpuLlamaSession {
 };
 
 static_assert(ComputeBackend<CpuLlamaSession>);
+
+// CpuLlama as an engine of the fusion loop (fusion/fusion_backend.hpp): one request's KV in a LlamaKVCache,
+// the per-layer partial prefill of CpuLlama::partial_prefill. Not thread-safe; one request at a time.
+class CpuLlamaFusion {
+ public:
+  explicit CpuLlamaFusion(const CpuLlama& model) : model_(&model) {}
+
+  [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
+  [[nodiscard]] std::uint64_t model_fingerprint() const noexcept { return model_->fingerprint(); }
+  [[nodiscard]] std::int64_t num_layers() const noexcept { return model_->config().n_layer; }
+  [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const {
+    return LlamaKVCache::block_bytes(model_->config().n_layer, model_->config().kv_dim(), rows);
+  }
+
+  [[nodiscard]] KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first_position) const {
+    const LlamaKVCache kv = model_->prefill_chunk(tokens, first_position);
+    KVBlock block = kv.to_block({0, kv.num_rows()});
+    block.first_position = first_position;
+    return block;
+  }
+
+  void begin(std::span<const token_id> tokens) {
+    tokens_.assign(tokens.begin(), tokens.end());
+    kv_ = LlamaKVCache(model_->config().n_layer, model_->config().kv_dim(), static_cast<std::int64_t>(tokens.size()));
+  }
+
+  void load_rows(TokenRange r, const KVBlock& block) {
+    kv_.write_block(r, block);
+    for (std::int64_t row = r.begin; row < r.end; ++row)
+      kv_.positions[static_cast<std::size_t>(row)] = block.first_position + (row - r.begin);
+  }
+
+  void shift_rows(TokenRange r, std::int64_t delta) { model_->rope_shift(kv_, r, delta); }
+
+  std::vector<float> prefill(const TokenSet& rows) { return prefill(rows, {}, nullptr); }
+
+  std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
+    PartialPrefillOptions options;
+    options.attention_groups = groups;
+    return model_->partial_prefill(tokens_, kv_, rows, next, options).logits;
+  }
+
+  [[nodiscard]] KVBlock save_rows(TokenRange r) const { return kv_.to_block(r); }
+
+  // The request's KV after prefill (for decoding: CpuLlama::greedy_decode).
+  [[nodiscard]] LlamaKVCache& kv() noexcept { return kv_; }
+  [[nodiscard]] const LlamaKVCache& kv() const noexcept { return kv_; }
+
+ private:
+  const CpuLlama* model_;
+  std::vector<token_id> tokens_;
+  LlamaKVCache kv_;
+};
+
+static_assert(FixedSetFusionBackend<CpuLlamaFusion>);
+static_assert(PerLayerFusionBackend<CpuLlamaFusion>);
 
 }  // namespace kvfuse

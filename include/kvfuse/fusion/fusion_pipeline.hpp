@@ -1,6 +1,8 @@
 #pragma once
 // FusionPipeline: chunk caches in a KVStore, and every FusionMethod (fusion_method.hpp) run as one policy of
-// the same layer-wise partial prefill on the reference CPU backend (CpuLlama::partial_prefill).
+// the same layer-wise partial prefill on an engine that models FixedSetFusionBackend or
+// PerLayerFusionBackend (fusion/fusion_backend.hpp; the reference CPU backend's model is CpuLlamaFusion). The
+// engine keeps the request's KV; the pipeline plans, loads, checks and shifts, and drives its prefill.
 //
 // Offline (chunk caches are generated ahead of time, as in the papers):
 //   store_chunk_caches(tokens, layout)  each chunk's KV computed alone at position 0 (CacheBlend, Epic), once
@@ -13,8 +15,9 @@
 //   plan(tokens, layout, method)        FusionPlan: each chunk's source (isolated / prefix / variant / compute),
 //                                       S_0, Cache-Craft's CFO and tokens per chunk; reads the store's index only
 //   run(tokens, layout, method)         load the planned KV from the store, check it, RoPE-shift it to this
-//                                       prompt's positions, partial prefill with the method's S_l -> logits and
-//                                       the prompt's KV, with the time of each step
+//                                       prompt's positions, partial prefill with the method's S_l
+//                                       (layer_schedule) -> logits, with the time of each step; the prompt's KV
+//                                       stays in the engine
 //
 // Store entries are never trusted blindly: a block that is missing, has the wrong size or token count, or was
 // rotated at other positions than recorded is not used. An isolated chunk cache is then recomputed (and put
@@ -36,14 +39,14 @@
 #include <variant>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kvfuse/backend/concepts.hpp"
-#include "kvfuse/backend/cpu/kv_cache.hpp"
-#include "kvfuse/backend/cpu/llama.hpp"
-#include "kvfuse/backend/cpu_llama.hpp"
 #include "kvfuse/cache/variant_cache.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/fusion/layer_schedule.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
@@ -93,8 +96,7 @@ struct FusionTimings {
 
 struct FusionResult {
   FusionPlan plan;
-  std::vector<float> logits;                     // of the last prompt token
-  LlamaKVCache kv;                               // the prompt's KV after the run (for decoding)
+  std::vector<float> logits;                     // of the last prompt token (the prompt's KV is in the engine)
   std::vector<std::int64_t> selected_per_layer;  // |S_l|
   double recompute_fraction = 0.0;               // sum_l |S_l| / (L · n)
   FusionTimings time;
@@ -104,18 +106,18 @@ struct FusionResult {
   std::optional<FocusDecision> focus;
 };
 
-template <KVStore Store>
+template <FixedSetFusionBackend Backend, KVStore Store>
 class FusionPipeline {
  public:
-  FusionPipeline(const CpuLlama& model, Store& store, VariantCacheConfig variants = {})
-      : model_(&model), store_(&store), variants_(variants) {}
+  FusionPipeline(Backend& backend, Store& store, VariantCacheConfig variants = {})
+      : backend_(&backend), store_(&store), variants_(variants) {}
 
-  [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
+  [[nodiscard]] Backend& backend() const noexcept { return *backend_; }
   [[nodiscard]] VariantCache& variants() noexcept { return variants_; }
   [[nodiscard]] const VariantCache& variants() const noexcept { return variants_; }
 
   [[nodiscard]] KVKey isolated_key(std::span<const token_id> chunk) const {
-    return {model_->fingerprint(), detail::domain_key(hash_tokens(chunk), detail::KeyDomain::isolated)};
+    return {backend_->model_fingerprint(), detail::domain_key(hash_tokens(chunk), detail::KeyDomain::isolated)};
   }
 
   // Offline: the isolated cache of every chunk of the layout (computed at position 0) that the store does not
@@ -128,8 +130,7 @@ class FusionPipeline {
       const auto chunk = slice(tokens, c.range);
       const KVKey key = isolated_key(chunk);
       if (store_->get(key).has_value()) continue;  // a get, not contains: validates it, warms a tiered store
-      const LlamaKVCache kv = model_->prefill_chunk(chunk, 0);
-      store_->put(key, kv.to_block({0, kv.num_rows()}));
+      store_->put(key, backend_->chunk_kv(chunk, 0));
       ++computed;
     }
     return computed;
@@ -138,10 +139,11 @@ class FusionPipeline {
   // Offline: an earlier prompt's full prefill with attention statistics. Stores each chunk's in-context KV
   // as a prefix-cache entry and as a Cache-Craft variant (the profile from CCIScorer, eq. 3-11, 14); KV of
   // variants the VariantCache evicts is erased from the store.
-  void record_context(std::span<const token_id> tokens, const PromptLayout& layout) {
+  void record_context(std::span<const token_id> tokens, const PromptLayout& layout)
+    requires PerLayerFusionBackend<Backend>
+  {
     check_prompt(tokens, layout, "FusionPipeline::record_context");
     const auto n = static_cast<std::int64_t>(tokens.size());
-    LlamaKVCache kv(model_->config().n_layer, model_->config().kv_dim(), n);
     std::vector<LayerAttention> layers;
     const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
       layers.push_back(*r.attention);
@@ -149,9 +151,8 @@ class FusionPipeline {
     };
     TokenSet all;
     append_range(all, {0, n});
-    PartialPrefillOptions options;
-    options.attention_groups = &layout;
-    (void)model_->partial_prefill(tokens, kv, all, keep_all, options);
+    backend_->begin(tokens);
+    (void)backend_->prefill(all, keep_all, &layout);
 
     // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
     // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.
@@ -169,7 +170,7 @@ class FusionPipeline {
       const TokenRange r = layout.chunks[j].range;
       prefix = hash_tokens(slice(tokens, r), prefix);
       if (r.empty()) continue;
-      const KVBlock block = kv.to_block(r);
+      const KVBlock block = backend_->save_rows(r);
       store_->put(prefix_key(prefix), block);
       if (!variant_of[j]) continue;
       const KVKey vkey = variant_key(profiles[j]);
@@ -204,11 +205,13 @@ class FusionPipeline {
     return make_plan(tokens, layout, method);
   }
 
-  // Online: the prompt's KV and last-token logits by `method`, timed.
+  // Online: the prompt's KV (in the engine) and last-token logits by `method`, timed. A method whose S_l
+  // needs per-layer feedback (CacheBlend, Cache-Craft with focus termination) is refused with a named error
+  // when the engine models only FixedSetFusionBackend.
   FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) {
     check_prompt(tokens, layout, "FusionPipeline::run");
     const auto n = static_cast<std::int64_t>(tokens.size());
-    const std::int64_t num_layers = model_->config().n_layer;
+    const std::int64_t num_layers = backend_->num_layers();
     if (std::holds_alternative<CacheCraft>(method)) drop_stale_variants();
     FusionResult out;
     auto t0 = std::chrono::steady_clock::now();
@@ -219,7 +222,7 @@ class FusionPipeline {
     out.time.plan_ms = detail::ms_since(t0);
 
     // Bring the planned KV in and move it to this prompt's positions.
-    out.kv = LlamaKVCache(num_layers, model_->config().kv_dim(), n);
+    backend_->begin(tokens);
     bool prefix_broken = false;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
       ChunkPlan& c = plan.chunks[j];
@@ -232,14 +235,13 @@ class FusionPipeline {
       std::optional<KVBlock> block = store_->get(c.key);
       const bool usable = block.has_value() && block->num_tokens == c.range.size() &&
                           block->first_position == c.stored_first_position &&
-                          block->bytes.size() == LlamaKVCache::block_bytes(num_layers, out.kv.kv_dim, c.range.size());
+                          block->bytes.size() == backend_->block_bytes(c.range.size());
       if (!usable) {
         ++out.rejected_entries;
         if (c.source == KVSource::isolated) {  // recompute the chunk cache and put it back
           out.time.load_ms += detail::ms_since(t0);
           t0 = std::chrono::steady_clock::now();
-          const LlamaKVCache fresh = model_->prefill_chunk(slice(tokens, c.range), 0);
-          block = fresh.to_block({0, fresh.num_rows()});
+          block = backend_->chunk_kv(slice(tokens, c.range), 0);
           c.stored_first_position = 0;
           store_->put(c.key, *block);
           out.time.chunk_compute_ms += detail::ms_since(t0);
@@ -252,31 +254,43 @@ class FusionPipeline {
           continue;
         }
       }
-      out.kv.write_block(c.range, *block);
-      for (std::int64_t r = c.range.begin; r < c.range.end; ++r)
-        out.kv.positions[static_cast<std::size_t>(r)] = c.stored_first_position + (r - c.range.begin);
+      backend_->load_rows(c.range, *block);
       out.time.load_ms += detail::ms_since(t0);
       t0 = std::chrono::steady_clock::now();
       if (c.range.begin != c.stored_first_position)
-        model_->rope_shift(out.kv, c.range, c.range.begin - c.stored_first_position);
+        backend_->shift_rows(c.range, c.range.begin - c.stored_first_position);
       out.time.shift_ms += detail::ms_since(t0);
     }
     if (out.rejected_entries > 0) finish_plan(plan, method);  // chunks that became `compute` change S_0
 
     t0 = std::chrono::steady_clock::now();
     const LayerSchedule schedule = layer_schedule(plan, method, num_layers);
-    PartialPrefillOptions options;
-    if (schedule.needs_attention) options.attention_groups = &plan.layout;
-    PartialPrefillResult r = model_->partial_prefill(tokens, out.kv, plan.initial, schedule.next, options);
+    if (schedule.fixed_set()) {
+      out.logits = backend_->prefill(plan.initial);
+      out.selected_per_layer.assign(static_cast<std::size_t>(num_layers), static_cast<std::int64_t>(plan.initial.size()));
+    } else if constexpr (PerLayerFusionBackend<Backend>) {
+      const SelectionPolicy next = [&](const LayerReport& r) {
+        out.selected_per_layer.push_back(static_cast<std::int64_t>(r.selected.size()));
+        return schedule.next(r);
+      };
+      out.logits = backend_->prefill(plan.initial, next, schedule.needs_attention ? &plan.layout : nullptr);
+    } else {
+      throw error(fmt::format("FusionPipeline: method '{}' changes the recomputed set per layer, which this "
+                              "backend cannot (it models FixedSetFusionBackend only)",
+                              plan.method));
+    }
     out.time.prefill_ms = detail::ms_since(t0);
     out.focus = *schedule.focus;
-    out.logits = std::move(r.logits);
-    out.selected_per_layer = std::move(r.selected_per_layer);
     std::int64_t total = 0;
-    for (std::int64_t s : out.selected_per_layer) total += s;
+    for (std::int64_t sel : out.selected_per_layer) total += sel;
     out.recompute_fraction = static_cast<double>(total) / (static_cast<double>(num_layers) * static_cast<double>(n));
     return out;
   }
+
+  // A method type that always needs per-layer feedback does not compile for a fixed-set engine.
+  template <class Method>
+    requires(needs_per_layer_backend<Method> && !PerLayerFusionBackend<Backend>)
+  FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const Method& method) = delete;
 
  private:
   static std::span<const token_id> slice(std::span<const token_id> tokens, TokenRange r) {
@@ -291,13 +305,13 @@ class FusionPipeline {
   }
 
   [[nodiscard]] KVKey prefix_key(std::uint64_t chained) const {
-    return {model_->fingerprint(), detail::domain_key(chained, detail::KeyDomain::prefix)};
+    return {backend_->model_fingerprint(), detail::domain_key(chained, detail::KeyDomain::prefix)};
   }
 
   [[nodiscard]] KVKey variant_key(const ChunkProfile& p) const {
     std::uint64_t h = detail::mix64(p.chunk_id);
     for (std::uint64_t id : p.stored_prefix) h = detail::mix64(h ^ id);
-    return {model_->fingerprint(), detail::domain_key(h, detail::KeyDomain::variant)};
+    return {backend_->model_fingerprint(), detail::domain_key(h, detail::KeyDomain::variant)};
   }
 
   // Sources per chunk and S_0, from what the store and the variant cache hold now; changes nothing.
@@ -344,10 +358,10 @@ class FusionPipeline {
   void finish_plan(FusionPlan& plan, const FusionMethod& method) const {
     for (std::size_t j = 0; j < plan.chunks.size(); ++j)
       plan.layout.chunks[j].cached = plan.chunks[j].source != KVSource::compute;
-    plan.initial = layer_schedule(plan, method, model_->config().n_layer).initial;
+    plan.initial = layer_schedule(plan, method, backend_->num_layers()).initial;
   }
 
-  const CpuLlama* model_;
+  Backend* backend_;
   Store* store_;
   VariantCache variants_;
   std::unordered_map<std::uint64_t, std::int64_t> variant_positions_;  // variant key content -> first position

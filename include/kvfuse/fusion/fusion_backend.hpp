@@ -1,0 +1,79 @@
+#pragma once
+// The two concepts an engine models to run kvfuse's fusion methods with its own forward pass and KV layout.
+// FusionPipeline (fusion/fusion_pipeline.hpp) plans a request, loads and checks the stored chunk KV, and
+// makes these calls; the engine keeps the request's KV (its own buffers, pages, cells).
+//
+// FixedSetFusionBackend — an engine that can recompute ONE token set on every layer over KV it was given
+// (enough for full prefill, prefix caching, naive reuse, Epic's AttnLink and Cache-Craft without focus
+// termination: their S_l is fixed, layer_schedule(...).fixed_set()). Calls, in order, for one request:
+//   cb.model_fingerprint()        -> uint64: part of every store key, so KV never crosses models
+//   cb.num_layers()               -> int64
+//   cb.block_bytes(n)             -> size_t: bytes of a KVBlock of n rows in the engine's layout (a stored block
+//                                    of another size is refused, never installed)
+//   b.chunk_kv(tokens, first)     -> KVBlock: offline, the KV of `tokens` computed alone at positions
+//                                    first, first + 1, ... (a chunk cache; block.first_position = first)
+//   b.begin(tokens)               -> void: a new request for the prompt `tokens`; no row is resident
+//   b.load_rows(r, block)         -> void: stored KV for prompt rows r, rotated at positions
+//                                    block.first_position + (0 .. r.size() − 1)
+//   b.shift_rows(r, delta)        -> void: RoPE-shift K of rows r by delta on every layer (one rotation by
+//                                    new − old), so row t sits at position t
+//   b.prefill(rows)               -> std::vector<float>: recompute `rows` (sorted, holding the last row) on
+//                                    every layer against the resident KV with the exact causal mask by
+//                                    position, row t at position t; the logits of the last row. Rows not in
+//                                    `rows` keep their KV.
+//   cb.save_rows(r)               -> KVBlock: the resident KV of rows r (first_position = row r.begin's
+//                                    position), to store it (prefix-cache entries, Cache-Craft variants)
+//
+// PerLayerFusionBackend — a refinement for engines that can change the set per layer and report what the
+// methods with per-layer feedback need (CacheBlend's gradual filtering: KV deviations; Cache-Craft's focus
+// termination: attention statistics):
+//   b.prefill(rows, next, groups) -> std::vector<float>: as above with S_0 = rows; after computing layer l's
+//                                    S_l the engine calls next(LayerReport{l, S_l, K and V deviation of each
+//                                    row of S_l against the KV it had before, attention statistics over
+//                                    `groups` when groups != nullptr}) and computes S_{l+1} = its result on
+//                                    layer l + 1. An empty `next` keeps S_l.
+// A method that needs the refinement is refused for a backend without it: at compile time when the method's
+// type is static (FusionPipeline::run with CacheBlend), with a named error when it arrives in a FusionMethod.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/layer_protocol.hpp"
+
+namespace kvfuse {
+
+template <class B>
+concept FixedSetFusionBackend =
+    requires(B& b, const B& cb, std::span<const token_id> tokens, std::int64_t n, TokenRange r, const KVBlock& block,
+             const TokenSet& rows) {
+      { cb.model_fingerprint() } -> std::convertible_to<std::uint64_t>;
+      { cb.num_layers() } -> std::convertible_to<std::int64_t>;
+      { cb.block_bytes(n) } -> std::convertible_to<std::size_t>;
+      { b.chunk_kv(tokens, n) } -> std::same_as<KVBlock>;
+      { b.begin(tokens) } -> std::same_as<void>;
+      { b.load_rows(r, block) } -> std::same_as<void>;
+      { b.shift_rows(r, n) } -> std::same_as<void>;
+      { b.prefill(rows) } -> std::same_as<std::vector<float>>;
+      { cb.save_rows(r) } -> std::same_as<KVBlock>;
+    };
+
+template <class B>
+concept PerLayerFusionBackend =
+    FixedSetFusionBackend<B> &&
+    requires(B& b, const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
+      { b.prefill(rows, next, groups) } -> std::same_as<std::vector<float>>;
+    };
+
+// Whether every instance of method type M needs per-layer feedback (compile-time refusal for fixed-set
+// engines). Cache-Craft needs it only with focus termination, a run-time setting: checked when it runs.
+template <class M>
+inline constexpr bool needs_per_layer_backend = std::is_same_v<M, CacheBlend>;
+
+}  // namespace kvfuse
