@@ -1,11 +1,16 @@
 #pragma once
 // Helpers the unit tests share (one definition each): the largest element-wise difference of two float
-// sequences, and whether the last kernel-launcher refusal message names a value.
+// sequences, whether the last kernel-launcher refusal message names a value, and a temporary directory.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include <doctest/doctest.h>
 
@@ -30,5 +35,22 @@ inline bool message_has(std::string_view needle) {
   }
   return true;
 }
+
+// A fresh directory under the system's temporary directory, removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           ("kvfuse-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
 
 }  // namespace kvfuse_test

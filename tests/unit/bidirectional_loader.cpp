@@ -82,6 +82,27 @@ TEST_CASE("Algorithm 1: compute from the front, load from the back, meet in the 
   CHECK(oracle.ready_s == doctest::Approx(2.0));
 }
 
+TEST_CASE("static split: compute [0, s) while loading [s, stored), both from the start; s on the fetch grid") {
+  // 8 stored tokens, compute chunk 2 (1 s each), fetch chunk 2 (1 s each): a split at s takes
+  // max(s / 2, (8 - s) / 2) seconds.
+  const auto tokens = iota_tokens(8);
+  for (std::int64_t s : {0, 2, 4, 6, 8}) {
+    CAPTURE(s);
+    auto sim = make_sim(1.0, 0.0, 2, kTwoTokensPerSecondGbps);
+    store_prefix(sim.store, sim.compute.model_fingerprint(), tokens, 2, 4);
+    LoaderConfig config{2, 2, LoaderMode::static_split};
+    config.split = s;
+    const LoaderTrace t = SimLoader(config).run(sim.compute, sim.store, tokens);
+    CHECK(t.meet_token == s);
+    CHECK(t.loaded_tokens == 8 - s);
+    CHECK(t.ready_s == doctest::Approx(static_cast<double>(std::max(s, 8 - s)) / 2.0));
+    CHECK(sim.compute.resident_prefix() == 8);
+  }
+  LoaderConfig off_grid{2, 2, LoaderMode::static_split};
+  off_grid.split = 3;
+  CHECK_THROWS_WITH_AS(SimLoader{off_grid}, doctest::Contains("split = 3 must be a non-negative multiple"), error);
+}
+
 TEST_CASE("compute chunks grow as a + b*i and stop at the loaded boundary") {
   // a = 1, b = 1, chunk 4: chunk 0 takes 1 s, chunk 1 takes 2 s. Fetch chunk 2 takes 1 s. 12 tokens.
   // t=0 compute [0,4) (->1), loads [10,12) (->1). t=1: compute [4,8) (->3, truncated? l=10 so no),

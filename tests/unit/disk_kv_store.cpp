@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -21,32 +23,20 @@
 
 #include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/backend/throttled_kv_store.hpp"
 #include "kvfuse/backend/tiered_kv_store.hpp"
+
+#include "../support/test_util.hpp"
 
 using kvfuse::DiskKVStore;
 using kvfuse::InMemoryKVStore;
 using kvfuse::KVBlock;
 using kvfuse::KVKey;
 using kvfuse::TieredKVStore;
+using kvfuse_test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / fmt::format("kvfuse-disk-kv-test-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 KVBlock make_block(std::int64_t num_tokens, std::vector<unsigned char> bytes, std::int64_t first_position) {
   KVBlock b;
@@ -396,4 +386,58 @@ TEST_CASE("TieredKVStore promotes slow hits and keeps serving from memory when t
   CHECK(tiered.erase(key_c));
   CHECK_FALSE(tiered.contains(key_c));
   CHECK_FALSE(tiered.erase(key_c));
+}
+
+TEST_CASE("ThrottledKVStore: a get returns the inner block no earlier than latency + bytes / bandwidth") {
+  using clock = std::chrono::steady_clock;
+  InMemoryKVStore memory;
+  const KVKey key{1, 2};
+  KVBlock block{4, std::vector<std::byte>(1'000'000, std::byte{7}), 12};
+  memory.put(key, block);
+  kvfuse::ThrottledKVStore link(memory, {/*megabytes_per_s=*/100.0, /*latency_ms=*/5.0});
+  CHECK(link.contains(key));
+  const auto t0 = clock::now();
+  const auto got = link.get(key);
+  const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  REQUIRE(got.has_value());
+  CHECK(got->bytes == block.bytes);
+  CHECK(got->first_position == 12);
+  CHECK(seconds >= 0.015);  // 1 MB at 100 MB/s = 10 ms, + 5 ms latency: a lower bound, never an upper one
+  CHECK(link.stats().gets == 1);
+  CHECK(link.stats().bytes == 1'000'000);
+  CHECK(link.stats().bytes_per_s() <= 1e6 / 0.015);
+
+  // A miss costs the latency and returns nothing; puts and erases go straight through.
+  CHECK_FALSE(link.get(KVKey{1, 3}).has_value());
+  CHECK(link.stats().bytes == 1'000'000);
+  link.put(KVKey{1, 4}, KVBlock{1, std::vector<std::byte>(8), 0});
+  CHECK(memory.contains(KVKey{1, 4}));
+  CHECK(link.erase(KVKey{1, 4}));
+  CHECK_FALSE(memory.contains(KVKey{1, 4}));
+}
+
+TEST_CASE("ThrottledKVStore: concurrent gets share the link's bandwidth") {
+  using clock = std::chrono::steady_clock;
+  InMemoryKVStore memory;
+  memory.put(KVKey{1, 1}, KVBlock{1, std::vector<std::byte>(500'000), 0});
+  memory.put(KVKey{1, 2}, KVBlock{1, std::vector<std::byte>(500'000), 0});
+  kvfuse::ThrottledKVStore link(memory, {/*megabytes_per_s=*/50.0, /*latency_ms=*/0.0});
+  const auto t0 = clock::now();
+  std::thread other([&] { CHECK(link.get(KVKey{1, 1}).has_value()); });
+  CHECK(link.get(KVKey{1, 2}).has_value());
+  other.join();
+  // 1 MB through one 50 MB/s link: the second get ends at least 20 ms after the first began.
+  CHECK(std::chrono::duration<double>(clock::now() - t0).count() >= 0.020);
+  CHECK(link.stats().gets == 2);
+  CHECK(link.stats().bytes == 1'000'000);
+}
+
+TEST_CASE("LinkConfig refuses negative or non-finite bandwidth and latency, naming them") {
+  InMemoryKVStore memory;
+  CHECK_THROWS_WITH_AS(kvfuse::ThrottledKVStore(memory, {-1.0, 0.0}), doctest::Contains("megabytes_per_s = -1"),
+                       kvfuse::error);
+  CHECK_THROWS_WITH_AS(kvfuse::ThrottledKVStore(memory, {1.0, std::numeric_limits<double>::infinity()}),
+                       doctest::Contains("latency_ms = inf"), kvfuse::error);
+  kvfuse::ThrottledKVStore unlimited(memory, {});
+  CHECK(unlimited.link().megabytes_per_s == 0.0);
 }

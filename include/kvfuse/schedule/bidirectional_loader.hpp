@@ -31,6 +31,7 @@
 // clock, for real backends. This header starts no thread.
 
 #include <algorithm>
+#include <concepts>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -53,19 +54,24 @@ enum class LoaderMode {
   bidirectional,  // Cake Algorithm 1 as published
   compute_only,   // chunked prefill of everything (baseline)
   load_only,      // load the whole stored prefix, compute only the rest (baseline)
+  static_split,   // compute [0, split) while loading [split, stored), both from the start (Cake Table 3's
+                  // "optimal static split" baseline, found by trying every split)
 };
 
 struct LoaderConfig {
   std::int64_t compute_chunk = 512;  // Cake: token budget of one chunked-prefill step
   std::int64_t fetch_chunk = 128;    // Cake: granularity of stored prefix chunks
   LoaderMode mode = LoaderMode::adaptive;
+  std::int64_t split = 0;  // static_split only: a multiple of fetch_chunk (capped at the stored prefix)
 
   void validate() const {
     detail::require(compute_chunk > 0, "LoaderConfig: compute_chunk = {} must be > 0", compute_chunk);
     detail::require(fetch_chunk > 0, "LoaderConfig: fetch_chunk = {} must be > 0", fetch_chunk);
     const auto m = static_cast<int>(mode);
-    detail::require(m >= 0 && m <= static_cast<int>(LoaderMode::load_only), "LoaderConfig: mode = {} is not a LoaderMode",
-                    m);
+    detail::require(m >= 0 && m <= static_cast<int>(LoaderMode::static_split),
+                    "LoaderConfig: mode = {} is not a LoaderMode", m);
+    detail::require(split >= 0 && split % fetch_chunk == 0,
+                    "LoaderConfig: split = {} must be a non-negative multiple of fetch_chunk = {}", split, fetch_chunk);
   }
 };
 
@@ -116,6 +122,7 @@ class CakeRace {
       : cfg_(cfg), est_(est), stored_(stored), n_(n), l_(stored) {
     loads_enabled_ = cfg.mode != LoaderMode::compute_only;
     if (cfg.mode == LoaderMode::load_only) compute_limit_ = 0;
+    if (cfg.mode == LoaderMode::static_split) compute_limit_ = load_floor_ = std::min(cfg.split, stored);
     trace_.num_tokens = n;
     trace_.stored_tokens = stored;
   }
@@ -126,13 +133,14 @@ class CakeRace {
 
   // Next fetch chunk: the one ending at io_ptr (Algorithm 1 line 10), or nothing.
   [[nodiscard]] std::optional<TokenRange> next_fetch() const {
-    if (!loads_enabled_ || covered()) return std::nullopt;
+    if (!loads_enabled_ || covered() || l_ <= load_floor_) return std::nullopt;
     const std::int64_t j = (l_ - 1) / cfg_.fetch_chunk;
     return TokenRange{j * cfg_.fetch_chunk, l_};
   }
 
   // start: compute `out` now. wait: adaptive skip, decide again by idle_deadline() or when a fetch ends.
-  // blocked: load-only, nothing to compute unless a load fails. done: every token is resident.
+  // blocked: load-only or static split, nothing (more) to compute until the loads are done or one fails.
+  // done: every token is resident.
   enum class Decision { start, wait, blocked, done };
 
   // Next compute chunk at `now`; `fetch_start` is when the fetch in flight started, NaN if none.
@@ -140,7 +148,7 @@ class CakeRace {
   [[nodiscard]] Decision decide_compute(double now, double fetch_start, TokenRange& out) {
     if (covered()) return Decision::done;
     if (compute_limit_ >= 0 && c_ >= compute_limit_) return Decision::blocked;
-    out = grid_chunk(c_, l_, cfg_.compute_chunk);
+    out = grid_chunk(c_, compute_limit_ >= 0 ? std::min(l_, compute_limit_) : l_, cfg_.compute_chunk);
     if (cfg_.mode != LoaderMode::adaptive || !loads_enabled_ || idle_budget_spent(now)) return Decision::start;
     const std::optional<double> f = predict_compute_s(out);
     const std::optional<double> reach = predict_loads_reach_s(now, fetch_start, out.begin);
@@ -188,6 +196,7 @@ class CakeRace {
     trace_.steps.push_back({r, KVSource::prefix, start, end, false});
     loads_enabled_ = false;
     compute_limit_ = -1;
+    load_floor_ = 0;
     trace_.load_failure = std::move(why);
   }
 
@@ -285,7 +294,8 @@ class CakeRace {
   std::int64_t n_;
   std::int64_t c_ = 0;
   std::int64_t l_;
-  std::int64_t compute_limit_ = -1;  // load_only: compute stops at 0; -1 = no limit
+  std::int64_t compute_limit_ = -1;  // load_only: compute stops at 0; static_split: at the split; -1 = no limit
+  std::int64_t load_floor_ = 0;      // static_split: loads stop at the split
   bool loads_enabled_ = true;
   bool cover_marked_ = false;
   std::optional<Observation> observed_compute_;
@@ -453,40 +463,31 @@ class BidirectionalLoader {
   LoaderEstimate est_;
 };
 
-// The best static split for cost-modelled backends, by exhaustive search over the fetch grid: compute
-// [0, s) in compute chunks while loading [s, stored) in fetch chunks, both from t = 0, then compute the
-// tokens after the stored prefix. The "oracle" baseline of the Cake simulator.
+// The best static split for cost-modelled backends, by exhaustive search over the fetch grid: for every split
+// s, the loader in LoaderMode::static_split (compute [0, s) in compute chunks while loading [s, stored) in
+// fetch chunks, both from t = 0, then the tokens after the stored prefix), in virtual time on a copy of the
+// compute backend (the store is only read). The "oracle" baseline of Cake's Table 3; `stored` caps the splits tried.
 struct StaticSplit {
   std::int64_t split = 0;
   double ready_s = 0;
 };
 
 template <CostModeledCompute Compute, CostModeledStore Store>
-[[nodiscard]] StaticSplit best_static_split(const Compute& compute, const Store& store,
+  requires std::copy_constructible<Compute>
+[[nodiscard]] StaticSplit best_static_split(const Compute& compute, Store& store,
                                             std::span<const token_id> tokens, std::int64_t stored,
                                             const LoaderConfig& cfg) {
   cfg.validate();
   const auto num_tokens = static_cast<std::int64_t>(tokens.size());
-  const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg.fetch_chunk);
   detail::require(0 <= stored && stored <= num_tokens, "best_static_split: stored prefix {} not in [0, {}]", stored,
                   num_tokens);
-  auto compute_from = [&](std::int64_t begin, std::int64_t end, double t) {
-    for (std::int64_t b = begin; b < end;) {
-      const TokenRange r = grid_chunk(b, end, cfg.compute_chunk);
-      t = compute.compute_finish_s(r, t);
-      b = r.end;
-    }
-    return t;
-  };
   StaticSplit best{0, std::numeric_limits<double>::infinity()};
   for (std::int64_t s = 0;; s = std::min(stored, s + cfg.fetch_chunk)) {
-    double load_end = 0;
-    for (std::int64_t e = stored; e > s;) {
-      const std::int64_t b = std::max(s, ((e - 1) / cfg.fetch_chunk) * cfg.fetch_chunk);
-      load_end = store.load_finish_s(keys[static_cast<std::size_t>(b / cfg.fetch_chunk)], e - b, load_end);
-      e = b;
-    }
-    const double ready = compute_from(stored, num_tokens, std::max(compute_from(0, s, 0.0), load_end));
+    LoaderConfig split = cfg;
+    split.mode = LoaderMode::static_split;
+    split.split = (s + cfg.fetch_chunk - 1) / cfg.fetch_chunk * cfg.fetch_chunk;  // s, or stored rounded up (capped)
+    Compute c = compute;  // the store is only read
+    const double ready = BidirectionalLoader<Compute, Store>(split).run(c, store, tokens).ready_s;
     if (ready < best.ready_s) best = {s, ready};
     if (s == stored) break;
   }

@@ -1,0 +1,109 @@
+#pragma once
+// ThrottledKVStore: a KVStore reached over a link of limited bandwidth and fixed latency, in real time — it
+// stands for a remote store or a slow SSD in front of any other store (InMemoryKVStore, DiskKVStore, ...).
+//
+// get() returns `inner`'s block no earlier than latency + bytes / bandwidth after the request, with the link
+// shared: the bytes of concurrent gets queue on one token bucket (the link is busy until every byte sent so
+// far has drained), so two threads loading at once each see half the bandwidth. contains() and erase() are
+// index operations and put() writes are not throttled: the link models the read path a loader waits on.
+// A get that finds nothing costs the latency only.
+//
+// It also measures what it served (LinkStats: bytes returned, seconds spent in get, gets), so a loading
+// controller can be fed the tier's measured throughput rather than its nominal one.
+//
+// Thread safety: as `inner` for the calls forwarded to it; the link state and the statistics are guarded by
+// a mutex, so gets from several threads are safe when `inner`'s are. The sleep happens outside the lock.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/types.hpp"
+
+namespace kvfuse {
+
+struct LinkConfig {
+  double megabytes_per_s = 0.0;  // bandwidth in 10^6 bytes per second; 0 = unlimited
+  double latency_ms = 0.0;       // added to every get, once
+
+  void validate() const {
+    detail::require_finite_nonneg(megabytes_per_s, "LinkConfig: megabytes_per_s");
+    detail::require_finite_nonneg(latency_ms, "LinkConfig: latency_ms");
+  }
+};
+
+// What a ThrottledKVStore served.
+struct LinkStats {
+  std::int64_t gets = 0;
+  std::int64_t bytes = 0;     // payload bytes returned by get
+  double get_seconds = 0.0;   // wall time spent inside get, summed over calls
+
+  // Bytes per second the link delivered, as the loaders saw it; 0 before any byte.
+  [[nodiscard]] double bytes_per_s() const noexcept { return get_seconds > 0 ? static_cast<double>(bytes) / get_seconds : 0.0; }
+};
+
+template <KVStore Inner>
+class ThrottledKVStore {
+ public:
+  ThrottledKVStore(Inner& inner, LinkConfig link) : inner_(&inner), link_(link) { link_.validate(); }
+
+  [[nodiscard]] const LinkConfig& link() const noexcept { return link_; }
+
+  [[nodiscard]] bool contains(const KVKey& key) const { return inner_->contains(key); }
+
+  [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    std::optional<KVBlock> block = inner_->get(key);
+    const auto bytes = block ? static_cast<std::int64_t>(block->bytes.size()) : std::int64_t{0};
+    clock::time_point ready;
+    {
+      std::lock_guard lock(mutex_);
+      // Token bucket: the link sends one byte stream at megabytes_per_s; these bytes queue behind earlier ones.
+      const auto begin = std::max(start, link_free_);
+      link_free_ = begin + transfer_time(bytes);
+      ready = link_free_ + std::chrono::duration_cast<clock::duration>(
+                               std::chrono::duration<double, std::milli>(link_.latency_ms));
+    }
+    std::this_thread::sleep_until(ready);
+    const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+    std::lock_guard lock(mutex_);
+    ++stats_.gets;
+    stats_.bytes += bytes;
+    stats_.get_seconds += seconds;
+    return block;
+  }
+
+  void put(const KVKey& key, KVBlock block) { inner_->put(key, std::move(block)); }
+  bool erase(const KVKey& key) { return inner_->erase(key); }
+
+  [[nodiscard]] LinkStats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  [[nodiscard]] std::chrono::steady_clock::duration transfer_time(std::int64_t bytes) const {
+    if (link_.megabytes_per_s <= 0.0 || bytes == 0) return {};
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(static_cast<double>(bytes) / (link_.megabytes_per_s * 1e6)));
+  }
+
+  Inner* inner_;
+  LinkConfig link_;
+  mutable std::mutex mutex_;
+  std::chrono::steady_clock::time_point link_free_{};
+  LinkStats stats_;
+};
+
+static_assert(KVStore<ThrottledKVStore<InMemoryKVStore>>);
+
+}  // namespace kvfuse
