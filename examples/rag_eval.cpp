@@ -38,9 +38,16 @@
 #include "kvfuse/eval/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 
+#include "musique.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
+using kvfuse_example::default_model;
+using kvfuse_example::load_questions;
+using kvfuse_example::parse_int;
+using kvfuse_example::Question;
+using kvfuse_example::split;
 
 constexpr std::string_view kDefaultMethods =
     "full,prefix,naive,cacheblend,attnlink,cachecraft,cacheblend@0.05,cacheblend@0.3,cacheblend@0.5,attnlink@4,"
@@ -53,38 +60,6 @@ struct Options {
   std::int64_t limit = 20, start = 0, max_passages = 10, max_passage_tokens = 0, max_new_tokens = 32, threads = 0;
   bool plot = true;
 };
-
-std::int64_t parse_int(std::string_view flag, std::string_view v) {
-  std::int64_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size() && x >= 0,
-                          "{}: '{}' is not a non-negative integer", flag, v);
-  return x;
-}
-
-std::vector<std::string> split(std::string_view s) {
-  std::vector<std::string> out;
-  while (!s.empty()) {
-    const std::size_t c = s.find(',');
-    out.emplace_back(s.substr(0, c));
-    s = c == std::string_view::npos ? std::string_view{} : s.substr(c + 1);
-  }
-  return out;
-}
-
-std::string default_model() {
-  if (const char* m = std::getenv("KVFUSE_MODEL"); m != nullptr && *m != '\0') return m;
-  fs::path cache;
-  if (const char* c = std::getenv("KVFUSE_CACHE_DIR"); c != nullptr && *c != '\0') {
-    cache = c;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    cache = fs::path(x) / "kvfuse";
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = fs::path(home != nullptr ? home : ".") / ".cache" / "kvfuse";
-  }
-  return (cache / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -122,48 +97,6 @@ Options parse(int argc, char** argv) {
   o.methods.insert(o.methods.begin(), "full");
   for (const std::string& m : o.methods) (void)kvfuse::parse_method(m);  // refuse bad names before any work
   return o;
-}
-
-struct Question {
-  std::vector<std::string> passages;
-  std::string question;
-  std::vector<std::string> answers;
-};
-
-std::vector<Question> load_data(const Options& o) {
-  std::ifstream in(o.data);
-  kvfuse::detail::require(in.good(), "--data: cannot open '{}'", o.data);
-  nlohmann::json data;
-  try {
-    data = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw kvfuse::error(fmt::format("--data: '{}' is not valid JSON: {}", o.data, e.what()));
-  }
-  kvfuse::detail::require(data.is_array(), "--data: '{}' must hold a JSON array of questions", o.data);
-  kvfuse::detail::require(o.start + o.limit <= static_cast<std::int64_t>(data.size()),
-                          "--data: '{}' has {} questions; --start {} --limit {} asks for more", o.data, data.size(),
-                          o.start, o.limit);
-  std::vector<Question> out;
-  for (std::int64_t q = o.start; q < o.start + o.limit; ++q) {
-    const nlohmann::json& item = data[static_cast<std::size_t>(q)];
-    Question x;
-    try {
-      for (const auto& ctx : item.at("ctxs")) {
-        if (static_cast<std::int64_t>(x.passages.size()) == o.max_passages) break;
-        x.passages.push_back(ctx.at("text").get<std::string>());
-      }
-      x.question = item.at("question").get<std::string>();
-      x.answers = item.at("answers").get<std::vector<std::string>>();
-    } catch (const nlohmann::json::exception& e) {
-      throw kvfuse::error(fmt::format("--data: question {} of '{}' does not follow the MuSiQue schema "
-                                      "(ctxs[].text, question, answers[]): {}",
-                                      q, o.data, e.what()));
-    }
-    kvfuse::detail::require(!x.passages.empty() && !x.answers.empty(), "--data: question {} has {} passages and {} "
-                            "answers; needs at least one of each", q, x.passages.size(), x.answers.size());
-    out.push_back(std::move(x));
-  }
-  return out;
 }
 
 // A passage cut to its first `max_tokens` tokens (0: whole), for short test prompts.
@@ -263,7 +196,7 @@ void write_plot(const fs::path& out, const nlohmann::json& results, const std::v
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  const std::vector<Question> questions = load_data(o);
+  const std::vector<Question> questions = load_questions(o.data, o.start, o.limit, o.max_passages);
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
   const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
   kvfuse::CpuLlamaOptions model_options;

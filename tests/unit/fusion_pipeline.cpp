@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <numeric>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "kvfuse/eval/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 
+#include "../../examples/paged_engine.hpp"
 #include "../support/error_of.hpp"
 #include "../support/model_path.hpp"
 #include "../support/test_util.hpp"
@@ -453,121 +453,10 @@ TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers p
 // ------------------------------------------------------------------------- engines other than CpuLlamaFusion
 namespace {
 
-// A second engine of the fusion loop with its own KV layout, as vLLM lays KV out: pages of 16 rows from one
-// pool behind a block table (pages handed out in a scrambled order), each page [layer][K | V][16 rows][kv_dim],
-// and its own KVBlock format (row-major: row, layer, K then V), under its own fingerprint. Its arithmetic is
-// CpuLlama's (gathered into a LlamaKVCache for each call): the test is that FusionPipeline assumes nothing of
-// LlamaKVCache, so both engines must give the same logits for the same plans.
-class PagedEngine {
- public:
-  static constexpr std::int64_t kPageRows = 16;
-
-  explicit PagedEngine(const CpuLlama& model) : model_(&model) {}
-
-  [[nodiscard]] std::uint64_t model_fingerprint() const { return model_->fingerprint() ^ 0x9a6edull; }
-  [[nodiscard]] std::int64_t num_layers() const { return model_->config().n_layer; }
-  [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const {
-    return static_cast<std::size_t>(rows * num_layers() * 2 * kv_dim()) * sizeof(float);
-  }
-
-  [[nodiscard]] KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first_position) const {
-    const LlamaKVCache kv = model_->prefill_chunk(tokens, first_position);
-    return encode(kv, {0, kv.num_rows()}, first_position);
-  }
-
-  void begin(std::span<const token_id> tokens) {
-    tokens_.assign(tokens.begin(), tokens.end());
-    const auto n = static_cast<std::int64_t>(tokens.size());
-    const std::int64_t pages = (n + kPageRows - 1) / kPageRows;
-    block_table_.resize(static_cast<std::size_t>(pages));
-    for (std::int64_t p = 0; p < pages; ++p) block_table_[static_cast<std::size_t>(p)] = (p * 7 + 3) % pages;
-    pool_.assign(static_cast<std::size_t>(pages * kPageRows * num_layers() * 2 * kv_dim()), 0.0f);
-    positions_.resize(static_cast<std::size_t>(n));
-    std::iota(positions_.begin(), positions_.end(), std::int64_t{0});  // row t at position t until loaded
-  }
-
-  void load_rows(TokenRange r, const KVBlock& block) {
-    REQUIRE(block.bytes.size() == block_bytes(r.size()));
-    const float* in = reinterpret_cast<const float*>(block.bytes.data());
-    for (std::int64_t row = r.begin; row < r.end; ++row) {
-      positions_[static_cast<std::size_t>(row)] = block.first_position + (row - r.begin);
-      for (std::int64_t l = 0; l < num_layers(); ++l)
-        for (int kv = 0; kv < 2; ++kv, in += kv_dim()) std::copy_n(in, kv_dim(), slot(row, l, kv));
-    }
-  }
-
-  void shift_rows(TokenRange r, std::int64_t delta) {
-    LlamaKVCache kv = gather();
-    model_->rope_shift(kv, r, delta);
-    scatter(kv);
-  }
-
-  std::vector<float> prefill(const TokenSet& rows) { return prefill(rows, {}, nullptr); }
-
-  std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
-    LlamaKVCache kv = gather();
-    PartialPrefillOptions options;
-    options.attention_groups = groups;
-    std::vector<float> logits = model_->partial_prefill(tokens_, kv, rows, next, options).logits;
-    scatter(kv);
-    return logits;
-  }
-
-  [[nodiscard]] KVBlock save_rows(TokenRange r) const {
-    return encode(gather(), r, positions_[static_cast<std::size_t>(r.begin)]);
-  }
-
-  // The request's KV in LlamaKVCache form, to compare with CpuLlamaFusion's.
-  [[nodiscard]] LlamaKVCache gather() const {
-    const auto n = static_cast<std::int64_t>(positions_.size());
-    LlamaKVCache kv(num_layers(), kv_dim(), n);
-    kv.positions = positions_;
-    for (std::int64_t row = 0; row < n; ++row)
-      for (std::int64_t l = 0; l < num_layers(); ++l) {
-        std::copy_n(slot(row, l, 0), kv_dim(), kv.k[static_cast<std::size_t>(l)].data() + row * kv_dim());
-        std::copy_n(slot(row, l, 1), kv_dim(), kv.v[static_cast<std::size_t>(l)].data() + row * kv_dim());
-      }
-    return kv;
-  }
-
- private:
-  [[nodiscard]] std::int64_t kv_dim() const { return model_->config().kv_dim(); }
-
-  [[nodiscard]] std::size_t offset(std::int64_t row, std::int64_t layer, int kv) const {
-    const std::int64_t page = block_table_[static_cast<std::size_t>(row / kPageRows)];
-    return static_cast<std::size_t>((((page * num_layers() + layer) * 2 + kv) * kPageRows + row % kPageRows) * kv_dim());
-  }
-  [[nodiscard]] float* slot(std::int64_t row, std::int64_t layer, int kv) { return pool_.data() + offset(row, layer, kv); }
-  [[nodiscard]] const float* slot(std::int64_t row, std::int64_t layer, int kv) const {
-    return pool_.data() + offset(row, layer, kv);
-  }
-
-  void scatter(const LlamaKVCache& kv) {
-    positions_ = kv.positions;
-    for (std::int64_t row = 0; row < kv.num_rows(); ++row)
-      for (std::int64_t l = 0; l < num_layers(); ++l) {
-        std::copy_n(kv.k[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), slot(row, l, 0));
-        std::copy_n(kv.v[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), slot(row, l, 1));
-      }
-  }
-
-  [[nodiscard]] KVBlock encode(const LlamaKVCache& kv, TokenRange r, std::int64_t first_position) const {
-    KVBlock block{r.size(), std::vector<std::byte>(block_bytes(r.size())), first_position};
-    auto* out = reinterpret_cast<float*>(block.bytes.data());
-    for (std::int64_t row = r.begin; row < r.end; ++row)
-      for (std::int64_t l = 0; l < num_layers(); ++l) {
-        out = std::copy_n(kv.k[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), out);
-        out = std::copy_n(kv.v[static_cast<std::size_t>(l)].data() + row * kv_dim(), kv_dim(), out);
-      }
-    return block;
-  }
-
-  const CpuLlama* model_;
-  std::vector<token_id> tokens_;
-  std::vector<std::int64_t> block_table_;
-  std::vector<float> pool_;
-  std::vector<std::int64_t> positions_;
-};
+// A second engine of the fusion loop with its own KV layout (examples/paged_engine.hpp): pages of 16 rows
+// behind a block table, its own KVBlock format and fingerprint, CpuLlama's arithmetic. The test is that
+// FusionPipeline assumes nothing of LlamaKVCache, so both engines must give the same logits for the same plans.
+using kvfuse_example::PagedEngine;
 static_assert(PerLayerFusionBackend<PagedEngine>);
 
 // An engine that can only recompute one fixed set on every layer (llama.cpp's public API is of this kind):
@@ -632,6 +521,10 @@ TEST_CASE("a paged engine runs the same plans as CpuLlamaFusion and gives the sa
       CHECK(kv.v[l] == flat_engine.kv().v[l]);
     }
   }
+  // A block of the wrong size is refused by name, never decoded into the pages.
+  const KVBlock short_block{2, std::vector<std::byte>(8), 0};
+  CHECK(error_of([&] { paged_engine.load_rows({0, 2}, short_block); }).find("holds 8 bytes, expected") !=
+        std::string::npos);
 }
 
 TEST_CASE("a fixed-set engine runs the fixed-set methods; per-layer methods are refused by name") {

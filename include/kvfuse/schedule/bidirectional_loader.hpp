@@ -331,14 +331,15 @@ void cake_install(const CakeRace& race, Compute& compute, const std::map<std::in
 }
 
 // The tokens after the stored prefix: plain chunked prefill on the compute chunk grid, chunk after chunk
-// from `start`. `run(r, start)` computes r and returns when it ended. Returns when the last chunk ended.
-template <class RunChunk>
-double cake_compute_after_prefix(CakeRace& race, std::int64_t stored, std::int64_t n, std::int64_t compute_chunk,
-                                 double start, RunChunk run) {
+// from `start`. `run(r, start)` computes r and returns when it ended; `done(r, start, end)` records it (the
+// race's compute_done, under the driver's lock if it has one). Returns when the last chunk ended.
+template <class RunChunk, class Done>
+double cake_compute_after_prefix(std::int64_t stored, std::int64_t n, std::int64_t compute_chunk, double start,
+                                 RunChunk run, Done done) {
   for (std::int64_t b = stored; b < n;) {
     const TokenRange r = grid_chunk(b, n, compute_chunk);
     const double end = run(r, start);
-    race.compute_done(r, start, end);
+    done(r, start, end);
     start = end;
     b = r.end;
   }
@@ -451,11 +452,14 @@ class BidirectionalLoader {
       gpu_free = comp.end;
     }
     detail::cake_install(race, compute, loaded);
-    gpu_free = detail::cake_compute_after_prefix(race, stored, n, cfg_.compute_chunk, gpu_free, [&](TokenRange r, double start) {
-      const double end = compute.compute_finish_s(r, start);
-      compute.compute_kv(r);
-      return end;
-    });
+    gpu_free = detail::cake_compute_after_prefix(
+        stored, n, cfg_.compute_chunk, gpu_free,
+        [&](TokenRange r, double start) {
+          const double end = compute.compute_finish_s(r, start);
+          compute.compute_kv(r);
+          return end;
+        },
+        [&](TokenRange r, double start, double end) { race.compute_done(r, start, end); });
     return race.finish(gpu_free);
   }
 

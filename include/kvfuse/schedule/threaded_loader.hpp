@@ -5,8 +5,9 @@
 // (detail::CakeRace): compute chunks from the front, fetch chunks from the back, stop where they meet, then
 // the tokens after the stored prefix.
 //
-// A fetch still in flight at the meeting point cannot be cancelled (KVStore::get blocks): run_threaded joins
-// it, so ready_s includes its rest; cover_s is the meeting time. A load that throws, misses or returns a
+// A fetch still in flight at the meeting point cannot be cancelled (KVStore::get blocks): it completes on the
+// I/O thread, overlapping the install and the tokens after the stored prefix, and is recorded as abandoned;
+// run_threaded joins the I/O thread before it returns, but ready_s is when the KV was complete. A load that throws, misses or returns a
 // wrong-sized block stops the loads and compute covers the rest (LoaderTrace::load_failure); an exception of
 // the compute backend stops the loads and is rethrown after the I/O thread has been joined.
 //
@@ -23,6 +24,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -71,7 +73,9 @@ LoaderTrace run_threaded(const BidirectionalLoader<Compute, Store>& loader, Comp
       }
       lock.lock();
       fetch_start = detail::kNoFetch;
-      if (block) {
+      if (race.covered()) {  // the compute side reached it first: not needed any more
+        race.fetch_abandoned(*r, start, since());
+      } else if (block) {
         loaded[r->begin] = std::move(*block);
         race.fetch_done(*r, start, since());
       } else {
@@ -110,14 +114,39 @@ LoaderTrace run_threaded(const BidirectionalLoader<Compute, Store>& loader, Comp
       race.compute_done(r, start, gpu_free);
     }
   }
+  // Covered (or the compute side failed). A fetch still in flight cannot be cancelled (KVStore::get blocks): it
+  // finishes on the I/O thread while the blocks already loaded are installed and the tokens after the stored
+  // prefix are computed, and is recorded as abandoned.
+  std::vector<std::pair<TokenRange, KVBlock>> to_install;
+  {
+    std::lock_guard lock(m);
+    if (!compute_error)
+      for (TokenRange r : race.ranges_to_install()) to_install.emplace_back(r, std::move(loaded.at(r.begin)));
+  }
+  if (compute_error) {
+    io_thread.join();
+    std::rethrow_exception(compute_error);
+  }
+  double ready = 0;
+  try {
+    for (const auto& [r, block] : to_install) compute.install_kv(r, block);
+    ready = detail::cake_compute_after_prefix(
+        stored, n, cfg.compute_chunk, since(),
+        [&](TokenRange r, double) {
+          compute.compute_kv(r);
+          return since();
+        },
+        [&](TokenRange r, double start, double end) {
+          std::lock_guard lock(m);
+          race.compute_done(r, start, end);
+        });
+    ready = std::max(ready, since());
+  } catch (...) {
+    io_thread.join();
+    throw;
+  }
   io_thread.join();
-  if (compute_error) std::rethrow_exception(compute_error);
-  detail::cake_install(race, compute, loaded);
-  (void)detail::cake_compute_after_prefix(race, stored, n, cfg.compute_chunk, since(), [&](TokenRange r, double) {
-    compute.compute_kv(r);
-    return since();
-  });
-  return race.finish(since());
+  return race.finish(ready);
 }
 
 }  // namespace kvfuse

@@ -1,0 +1,213 @@
+// kvfuse-cake-run: Cake on real compute and real I/O. Each request is the first --prefix-tokens tokens (on the
+// fetch-chunk grid) of a MuSiQue RAG prompt followed by its question. That prefix is made offline by a full
+// prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
+// token's logits (TTFT) is measured for Cake (LoaderMode::adaptive: compute from the front, load from the back),
+// compute-only, load-only and the best static split found by trying every split point on the fetch grid, all on
+// the reference CPU backend and the real store. Every run's KV and logits are checked against full prefill, bit
+// for bit.
+//
+//   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
+//                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]
+//                   [--compute-chunk 512] [--fetch-chunk 128] [--threads 0] [--out DIR]
+//
+// Prints one JSON object: means over the prompts of the TTFT of each run, the meeting point, the best split,
+// the link's nominal and measured speed, the prompt and stored-prefix lengths. With --out DIR, writes
+// cake_timeline.png (gnuplot): one request's compute chunks (forward) and loads (backward) and where they met.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvfuse/cpu.hpp"
+#include "kvfuse/runtime.hpp"
+
+#include "musique.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace kvfuse_example;
+
+constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
+
+struct Options {
+  std::string data, model, store = "memory", cache_dir, out;
+  std::int64_t prefix_tokens = 2048, limit = 1, start = 0, compute_chunk = 512, fetch_chunk = 128, threads = 0;
+  kvfuse::LinkConfig link{20.0, 1.0};
+};
+
+double parse_real(std::string_view flag, std::string_view v) {
+  double x = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
+  return x;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
+    const std::string_view v = argv[++i];
+    if (flag == "--data") o.data = v;
+    else if (flag == "--model") o.model = v;
+    else if (flag == "--store") o.store = v;
+    else if (flag == "--cache-dir") o.cache_dir = v;
+    else if (flag == "--out") o.out = v;
+    else if (flag == "--prefix-tokens") o.prefix_tokens = parse_int(flag, v);
+    else if (flag == "--limit") o.limit = parse_int(flag, v);
+    else if (flag == "--start") o.start = parse_int(flag, v);
+    else if (flag == "--compute-chunk") o.compute_chunk = parse_int(flag, v);
+    else if (flag == "--fetch-chunk") o.fetch_chunk = parse_int(flag, v);
+    else if (flag == "--threads") o.threads = parse_int(flag, v);
+    else if (flag == "--link-mbps") o.link.megabytes_per_s = parse_real(flag, v);
+    else if (flag == "--link-latency-ms") o.link.latency_ms = parse_real(flag, v);
+    else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
+  }
+  kvfuse::detail::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
+  kvfuse::detail::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
+  kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
+  kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk}.validate();
+  o.link.validate();
+  if (o.model.empty()) o.model = default_model();
+  kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
+                          o.model);
+  return o;
+}
+
+// One run of the loader on a fresh request; checks the result against full prefill.
+template <class Store>
+kvfuse::LoaderTrace run_once(const kvfuse::CpuLlama& model, Store& store, const std::vector<kvfuse::token_id>& tokens,
+                             kvfuse::LoaderConfig config, const kvfuse::LlamaPrefill& full, bool& exact) {
+  kvfuse::CpuLlamaSession session(model, tokens);
+  kvfuse::LoaderTrace t = kvfuse::run_threaded(kvfuse::BidirectionalLoader<kvfuse::CpuLlamaSession, Store>(config),
+                                               session, store, tokens);
+  const std::span<const float> logits = session.logits();
+  exact = exact && t.load_failure.empty() && session.kv().k == full.kv.k && session.kv().v == full.kv.v &&
+          std::equal(logits.begin(), logits.end(), full.logits.begin(), full.logits.end());
+  return t;
+}
+
+void write_timeline(const fs::path& out, const kvfuse::LoaderTrace& t, const Options& o) {
+  fs::create_directories(out);
+  const fs::path dat = out / "cake_timeline.dat";
+  {
+    std::ofstream d(dat);
+    for (const kvfuse::LoaderStep& s : t.steps)  // start end first last lane (1 compute, 2 load) used
+      d << fmt::format("{} {} {} {} {} {}\n", s.start_s, s.end_s, s.tokens.begin, s.tokens.end,
+                       s.source == kvfuse::KVSource::compute ? 1 : 2, s.used ? 1 : 0);
+  }
+  const fs::path gp = out / "cake_timeline.gp";
+  std::ofstream(gp) << "set terminal pngcairo size 1000,420 font 'sans,10' noenhanced\n"
+                    << "set output '" << (out / "cake_timeline.png").string() << "'\n"
+                    << fmt::format("set title 'Cake on SmolLM2 (CPU), {} MB/s link: met at token {} of {}'\n",
+                                   o.link.megabytes_per_s, t.meet_token, t.num_tokens)
+                    << "set xlabel 'seconds'\nset ylabel 'token'\nset grid\nset key top left\n"
+                    << fmt::format("set arrow from graph 0, first {0} to graph 1, first {0} nohead dt 2\n", t.meet_token)
+                    << "plot '" << dat.string() << "' using 1:3:($2-$1):($4-$3):($5==1?1:2) with vectors nohead lw 3 "
+                    << "lc variable title 'compute (purple) / load (green) chunks'\n";
+  const std::string cmd = fmt::format("gnuplot '{}'", gp.string());
+  kvfuse::detail::require(std::system(cmd.c_str()) == 0, "plot: '{}' failed (is gnuplot installed?)", cmd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  const std::vector<Question> questions = load_questions(o.data, o.start, o.limit, 10);
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
+  const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
+  kvfuse::CpuLlamaOptions model_options;
+  model_options.threads = static_cast<int>(o.threads);
+  const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+
+  std::optional<fs::path> temp_dir;
+  fs::path dir = o.cache_dir;
+  if (o.store == "disk" && dir.empty()) {
+    temp_dir = fs::temp_directory_path() / fmt::format("kvfuse-cake-run-{}", ::getpid());
+    dir = *temp_dir;
+  }
+  kvfuse::InMemoryKVStore memory;
+  std::optional<kvfuse::DiskKVStore> disk;
+  if (o.store == "disk") disk.emplace(dir);
+
+  const auto measure = [&](auto& inner) {
+    kvfuse::ThrottledKVStore link(inner, o.link);
+    double cake = 0, compute_only = 0, io_only = 0, best = 0, meet = 0, best_token = 0, tokens_sum = 0, stored_sum = 0;
+    bool exact = true;
+    for (std::size_t qi = 0; qi < questions.size(); ++qi) {
+      const Question& q = questions[qi];
+      // The request: the first --prefix-tokens tokens of the RAG prompt (system + passages), then its question.
+      const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, q.passages, q.question);
+      const std::int64_t query_begin = prompt.layout().query.begin;
+      const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / o.fetch_chunk * o.fetch_chunk;
+      std::vector<kvfuse::token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + stored);
+      tokens.insert(tokens.end(), prompt.tokens.begin() + query_begin, prompt.tokens.end());
+      // Offline: what an earlier request left in the store, the prompt's first `stored` tokens.
+      const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
+      const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, o.fetch_chunk);
+      for (std::int64_t b = 0; b < stored; b += o.fetch_chunk)
+        inner.put(keys[static_cast<std::size_t>(b / o.fetch_chunk)], full.kv.to_block({b, b + o.fetch_chunk}));
+      kvfuse::LoaderConfig config{o.compute_chunk, o.fetch_chunk};
+      const kvfuse::LoaderTrace t = run_once(model, link, tokens, config, full, exact);
+      if (qi == 0 && !o.out.empty()) write_timeline(o.out, t, o);
+      cake += t.ready_s;
+      meet += static_cast<double>(t.meet_token);
+      config.mode = kvfuse::LoaderMode::compute_only;
+      compute_only += run_once(model, link, tokens, config, full, exact).ready_s;
+      config.mode = kvfuse::LoaderMode::load_only;
+      io_only += run_once(model, link, tokens, config, full, exact).ready_s;
+      config.mode = kvfuse::LoaderMode::static_split;
+      double best_s = std::numeric_limits<double>::infinity();
+      std::int64_t best_at = 0;
+      for (config.split = 0; config.split <= stored; config.split += o.fetch_chunk) {
+        const double r = run_once(model, link, tokens, config, full, exact).ready_s;
+        if (r < best_s) std::tie(best_s, best_at) = std::pair{r, config.split};
+      }
+      best += best_s;
+      best_token += static_cast<double>(best_at);
+      tokens_sum += static_cast<double>(tokens.size());
+      stored_sum += static_cast<double>(stored);
+      for (std::int64_t b = 0; b < stored; b += o.fetch_chunk) (void)inner.erase(keys[static_cast<std::size_t>(b / o.fetch_chunk)]);
+    }
+    const auto n = static_cast<double>(questions.size());
+    const double ms = 1000.0 / n;
+    nlohmann::json j;
+    j["ttft_ms"] = {{"cake", cake * ms}, {"compute_only", compute_only * ms}, {"io_only", io_only * ms},
+                    {"best_split", best * ms}};
+    j["cake_vs_best_split"] = cake / best;
+    j["cake_vs_best_single"] = cake / std::min(compute_only, io_only);
+    j["meet_token"] = meet / n;
+    j["best_split_token"] = best_token / n;
+    j["link_mbps"] = o.link.megabytes_per_s;
+    j["link_latency_ms"] = o.link.latency_ms;
+    j["measured_link_mbps"] = link.stats().bytes_per_s() / 1e6;
+    j["tokens"] = tokens_sum / n;
+    j["stored_tokens"] = stored_sum / n;
+    j["questions"] = questions.size();
+    j["store"] = o.store;
+    j["exact_vs_full_prefill"] = exact;
+    fmt::print("{}\n", j.dump());
+    return exact;
+  };
+  const bool exact = disk ? measure(*disk) : measure(memory);
+  if (temp_dir) fs::remove_all(*temp_dir);
+  return exact ? 0 : 3;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "kvfuse-cake-run: {}\n", e.what());
+  return 2;
+}
