@@ -5,7 +5,11 @@
 #      (full, prefix, naive, CacheBlend, Epic AttnLink, Cache-Craft, plus sweeps of r and k), each measured
 #      against full prefill in the same run; prints the table, writes results.json, results.md and the
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/;
-#   2. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
+#   2. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
+#      15 MB/s link): a 512-token stored prefix of a MuSiQue prompt, computed from the front while loaded from
+#      the back, next to compute-only, load-only and the best static split, each checked bit for bit against
+#      full prefill (docs/cake-real.md);
+#   3. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
 set -euo pipefail
@@ -16,7 +20,7 @@ bash scripts/deps.sh >/dev/null
 build=build/demo
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
   -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval -j"$(nproc)" >/dev/null
+cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run -j"$(nproc)" >/dev/null
 sim="$build/examples/kvfuse-cake-sim"
 
 model=$(bash scripts/fetch_model.sh)
@@ -32,7 +36,15 @@ else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
 fi
 echo
-echo "== Cake"
+echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"
+if [[ -f $data ]]; then
+  "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
+    --fetch-chunk 128 --compute-chunk 512 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run"
+  echo "(ttft_ms per strategy; exact_vs_full_prefill: the KV and logits of every run equal full prefill's;"
+  echo " timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: the sweep over link speeds)"
+fi
+echo
+echo "== Cake, simulated at the paper's scale"
 
 echo "kvfuse-cake-sim: 16K tokens, 800 kB/token, compute chunk i = 71.14 + 0.242*i ms (H100 fit)"
 echo "one run, as JSON:"

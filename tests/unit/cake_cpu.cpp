@@ -12,6 +12,7 @@
 #include "kvfuse/runtime.hpp"
 
 #include "../support/model_path.hpp"
+#include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
 using namespace kvfuse;
@@ -70,18 +71,10 @@ void check_cake_equals_full_prefill(const CpuLlama& model, std::span<const token
 }  // namespace
 
 TEST_CASE("Cake on the CPU backend with a disk store behind a throttled link: the same KV as full prefill") {
-  LlamaConfig c;
-  c.n_layer = 4;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.head_dim = 8;
-  c.n_ff = 64;
-  c.n_vocab = 96;
-  const CpuLlama model(c, LlamaWeights::random(c, 11), CpuLlamaOptions{1, 8});
+  const CpuLlama model = kvfuse_test::small_llama(11);
   std::vector<token_id> tokens(300);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token_id>((i * 37 + 5) % 96);
-  // 512 B of KV per token: a 32-token fetch chunk is 16 KB, 8 ms at 2 MB/s with 1 ms latency.
+  // 768 B of KV per token: a 32-token fetch chunk is 24 KB, 12 ms at 2 MB/s with 1 ms latency.
   check_cake_equals_full_prefill(model, tokens, 256, {64, 32}, {2.0, 1.0});
 }
 

@@ -23,33 +23,16 @@
 #include "../../examples/paged_engine.hpp"
 #include "../support/error_of.hpp"
 #include "../support/model_path.hpp"
+#include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
 using namespace kvfuse;
 using kvfuse_test::error_of;
 using kvfuse_test::max_abs_diff;
+using kvfuse_test::small_llama;
 namespace fs = std::filesystem;
 
 namespace {
-
-LlamaConfig small_config() {
-  LlamaConfig c;
-  c.n_layer = 6;
-  c.n_embd = 32;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.head_dim = 8;
-  c.n_ff = 64;
-  c.n_vocab = 96;
-  c.rope_base = 10000.0;
-  c.rms_eps = 1e-5;
-  return c;
-}
-
-CpuLlama small_model(std::uint64_t seed = 5) {
-  const LlamaConfig c = small_config();
-  return CpuLlama(c, LlamaWeights::random(c, seed), CpuLlamaOptions{2, 8});
-}
 
 std::vector<token_id> chunk_tokens(std::size_t n, std::uint32_t seed) {
   std::vector<token_id> t(n);
@@ -119,7 +102,7 @@ TEST_CASE("method names: defaults are bare, sweep points are name@value, bad nam
 }
 
 TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r = 1") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   InMemoryKVStore store;
   CpuLlamaFusion engine(model);
   FusionPipeline pipeline(engine, store);
@@ -147,7 +130,7 @@ TEST_CASE("100 % recompute is full prefill, bit for bit: full and CacheBlend r =
 }
 
 TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction follow the plan") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   InMemoryKVStore store;
   CpuLlamaFusion engine(model);
   FusionPipeline pipeline(engine, store);
@@ -246,7 +229,7 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
 }
 
 TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, empty and one-token chunks") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   InMemoryKVStore store;
   CpuLlamaFusion engine(model);
   FusionPipeline pipeline(engine, store);
@@ -294,8 +277,8 @@ TEST_CASE("edge cases: 100 % hit with reordered chunks, the same prompt twice, e
 }
 
 TEST_CASE("chunk-cache store on disk: corrupt and foreign-model entries are rejected and recomputed, never used") {
-  const CpuLlama model = small_model(5);
-  const CpuLlama other = small_model(6);
+  const CpuLlama model = small_llama(5);
+  const CpuLlama other = small_llama(6);
   REQUIRE(model.fingerprint() != other.fingerprint());
   const Prompt p = assemble({kSystem, kA, kB}, kQuery);
   TempDir dir;
@@ -354,7 +337,7 @@ TEST_CASE("chunk-cache store on disk: corrupt and foreign-model entries are reje
 }
 
 TEST_CASE("a store that goes away mid-request loses nothing: missing entries become recomputed chunks") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   const Prompt p = assemble({kSystem, kA, kB}, kQuery);
   const LlamaPrefill reference = model.full_prefill(p.tokens);
   TempDir dir;
@@ -394,7 +377,7 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
 }
 
 TEST_CASE("bad input: a layout that does not cover the prompt, a prompt without a query") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   InMemoryKVStore store;
   CpuLlamaFusion engine(model);
   FusionPipeline pipeline(engine, store);
@@ -491,7 +474,7 @@ static_assert(RunsMethod<FusionPipeline<PagedEngine, InMemoryKVStore>, CacheBlen
 }  // namespace
 
 TEST_CASE("a paged engine runs the same plans as CpuLlamaFusion and gives the same logits, bit for bit") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   const Prompt earlier = assemble({kSystem, kA, kC, kB}, chunk_tokens(4, 9));
   InMemoryKVStore flat_store;
@@ -528,7 +511,7 @@ TEST_CASE("a paged engine runs the same plans as CpuLlamaFusion and gives the sa
 }
 
 TEST_CASE("a fixed-set engine runs the fixed-set methods; per-layer methods are refused by name") {
-  const CpuLlama model = small_model();
+  const CpuLlama model = small_llama();
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   InMemoryKVStore fixed_store;
   InMemoryKVStore store;
