@@ -7,8 +7,8 @@
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/;
 #   2. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
 #      15 MB/s link): a 512-token stored prefix of a MuSiQue prompt, computed from the front while loaded from
-#      the back, next to compute-only, load-only and the best static split, each checked bit for bit against
-#      full prefill (docs/cake-real.md);
+#      the back, next to compute-only, load-only and the best static split, each checked against full
+#      prefill (docs/cake-real.md);
 #   3. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
@@ -40,7 +40,7 @@ echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 M
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
     --fetch-chunk 128 --compute-chunk 512 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run"
-  echo "(ttft_ms per strategy; exact_vs_full_prefill: the KV and logits of every run equal full prefill's;"
+  echo "(ttft_ms per strategy; matches_full_prefill: every run's first-token logits equal full prefill's to rounding;"
   echo " timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: the sweep over link speeds)"
 fi
 echo

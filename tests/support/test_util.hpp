@@ -26,6 +26,25 @@ inline double max_abs_diff(std::span<const float> a, std::span<const float> b) {
   return m;
 }
 
+// The largest element-wise difference of two sequences and the largest magnitude of the second; rounding():
+// equal up to float rounding (|a − b| ≤ 1e-5 · max(1, max |b|)), for results computed in another order.
+struct Diff {
+  double max_abs = 0;
+  double scale = 1;
+  [[nodiscard]] bool rounding() const { return max_abs <= 1e-5 * scale; }
+};
+
+template <class A, class B>
+Diff diff(const A& a, const B& b) {
+  REQUIRE(a.size() == b.size());
+  Diff d;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    d.scale = std::max(d.scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return d;
+}
+
 // True when kvfuse::last_status_message() contains `needle`; otherwise says what the message was.
 inline bool message_has(std::string_view needle) {
   const std::string message = kvfuse::last_status_message();

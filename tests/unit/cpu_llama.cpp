@@ -11,6 +11,7 @@
 
 #include "../support/error_of.hpp"
 #include "../support/model_path.hpp"
+#include "../support/test_util.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -38,6 +39,8 @@ using kvfuse::RopePairing;
 using kvfuse::RowMatrix;
 using kvfuse::token_id;
 using kvfuse::TokenSet;
+
+using kvfuse_test::diff;
 
 namespace {
 
@@ -68,23 +71,6 @@ std::vector<token_id> prompt_tokens(std::size_t n, std::uint32_t seed = 1) {
 }
 
 // max |a - b| and max |b| over two float ranges of equal size.
-struct Diff {
-  double max_abs = 0;
-  double scale = 1;
-  [[nodiscard]] bool rounding() const { return max_abs <= 1e-5 * scale; }
-};
-
-template <class A, class B>
-Diff diff(const A& a, const B& b) {
-  REQUIRE(a.size() == b.size());
-  Diff d;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    d.max_abs = std::max(d.max_abs, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-    d.scale = std::max(d.scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return d;
-}
-
 // K and V of every layer, concatenated.
 std::vector<float> flat_kv(const LlamaKVCache& kv) {
   std::vector<float> out;
@@ -346,7 +332,7 @@ TEST_CASE("full prefill matches an independent double-precision forward pass (bo
     const std::vector<token_id> tokens = prompt_tokens(13);
     const kvfuse::LlamaPrefill out = model.full_prefill(tokens);
     const Reference ref = reference_forward(model.config(), model.weights(), tokens);
-    const Diff logits = diff(out.logits, ref.logits);
+    const kvfuse_test::Diff logits = diff(out.logits, ref.logits);
     CAPTURE(logits.max_abs);
     CHECK(logits.rounding());
     for (std::size_t l = 0; l < 2; ++l) {
@@ -425,7 +411,7 @@ TEST_CASE("RoPE shift of a chunk cache equals computing the chunk at its new pos
   const LlamaKVCache direct = model.prefill_chunk(chunk, 5);
   CHECK(shifted.positions == direct.positions);
   // Layer 0: K depends on the token and its position only; the shift is one rotation, rounding only.
-  const Diff k0 = diff(shifted.k[0], direct.k[0]);
+  const kvfuse_test::Diff k0 = diff(shifted.k[0], direct.k[0]);
   CAPTURE(k0.max_abs);
   CHECK(k0.max_abs <= 1e-6 * k0.scale);
   // Later layers: attention inside the chunk depends only on relative positions, which the shift keeps.

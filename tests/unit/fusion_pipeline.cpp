@@ -19,6 +19,7 @@
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/eval/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
+#include "kvfuse/runtime.hpp"
 
 #include "../../examples/paged_engine.hpp"
 #include "../support/error_of.hpp"
@@ -28,6 +29,7 @@
 
 using namespace kvfuse;
 using kvfuse_test::error_of;
+using kvfuse_test::diff;
 using kvfuse_test::max_abs_diff;
 using kvfuse_test::small_llama;
 namespace fs = std::filesystem;
@@ -528,4 +530,52 @@ TEST_CASE("a fixed-set engine runs the fixed-set methods; per-layer methods are 
   }
   CHECK(error_of([&] { (void)fixed.run(p.tokens, p.layout, parse_method("cacheblend@0.2")); })
             .find("method 'cacheblend@0.2' changes the recomputed set per layer") != std::string::npos);
+}
+
+TEST_CASE("one request composed of Cake and a fusion method: Cake prepares the stored exact prefix, the method the rest") {
+  const CpuLlama model = small_llama();
+  InMemoryKVStore store;
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);  // chunks end at 6, 15, 26, 34; query [34, 39)
+  const auto n = static_cast<std::int64_t>(p.tokens.size());
+  pipeline.store_chunk_caches(p.tokens, p.layout);
+  // An earlier request left [system, A] and one more token (17 tokens, fetch chunks of 4): the exact prefix is
+  // cut back to the chunk boundary 15.
+  CHECK(pipeline.store_prefix(p.tokens, 17, 4) == 5);
+  const LlamaPrefill reference = model.full_prefill(p.tokens);
+
+  std::vector<float> naive_logits;
+  for (LoaderMode mode : {LoaderMode::adaptive, LoaderMode::compute_only, LoaderMode::load_only}) {
+    CAPTURE(static_cast<int>(mode));
+    const LoaderConfig cake{8, 4, mode};
+    const ComposedResult full = run_composed(pipeline, p.tokens, p.layout, FusionMethod{FullRecompute{}}, cake);
+    CHECK(full.exact_prefix == 15);
+    CHECK(full.prefix.num_tokens == 15);
+    CHECK(full.prefix.computed_tokens + full.prefix.loaded_tokens == 15);
+    if (mode == LoaderMode::load_only) CHECK(full.prefix.loaded_tokens == 12);  // [0, 12): the 4-token grid
+    CHECK(full.fusion.plan.chunks[0].source == KVSource::prefix);
+    CHECK(full.fusion.plan.chunks[1].source == KVSource::prefix);
+    CHECK(full.fusion.plan.initial.front() == 15);  // no row of the exact prefix is recomputed
+    // Exact prefix + full recompute of the rest = full prefill, up to float rounding (rows computed in other
+    // groupings than full prefill's, as chunked prefill is).
+    CHECK(diff(full.fusion.logits, reference.logits).rounding());
+    for (std::size_t l = 0; l < reference.kv.k.size(); ++l) {
+      CHECK(diff(engine.kv().k[l], reference.kv.k[l]).rounding());
+      CHECK(diff(engine.kv().v[l], reference.kv.v[l]).rounding());
+    }
+    // A fusion method after the exact prefix: the same result whatever Cake computed or loaded.
+    const ComposedResult naive = run_composed(pipeline, p.tokens, p.layout, FusionMethod{NaiveReuse{}}, cake);
+    CHECK(naive.fusion.plan.initial == TokenSet{34, 35, 36, 37, 38});
+    if (naive_logits.empty()) naive_logits = naive.fusion.logits;
+    CHECK(diff(naive.fusion.logits, naive_logits).rounding());
+    const ComposedResult blend = run_composed(pipeline, p.tokens, p.layout, parse_method("cacheblend"), cake);
+    CHECK(blend.fusion.selected_per_layer.front() == n - 15);  // layer 0: every row after the exact prefix
+  }
+  // Nothing stored for another prompt: no exact prefix, the method alone.
+  const Prompt other = assemble({kB, kA, kC}, kQuery);
+  pipeline.store_chunk_caches(other.tokens, other.layout);
+  const ComposedResult alone = run_composed(pipeline, other.tokens, other.layout, FusionMethod{NaiveReuse{}}, LoaderConfig{8, 4});
+  CHECK(alone.exact_prefix == 0);
+  CHECK(alone.fusion.logits == pipeline.run(other.tokens, other.layout, NaiveReuse{}).logits);
 }

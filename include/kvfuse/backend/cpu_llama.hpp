@@ -68,14 +68,10 @@ class CpuLlamaSession {
     detail::require(prefix_ >= r.begin,
                     "CpuLlamaSession::compute_kv: computing {} needs the KV of [0, {}) but only [0, {}) is resident", r,
                     r.begin, prefix_);
-    TokenSet rows;
-    append_range(rows, r);
     const bool last = r.end == num_tokens();
-    std::vector<float> logits = model_->run(kv_, std::move(rows),
-                                            std::span<const token_id>(prompt_).subspan(
-                                                static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())),
-                                            nullptr, nullptr, last, nullptr);
-    logits_ = std::move(logits);  // empty unless r ends the prompt: earlier KV changed, recompute on demand
+    logits_ = model_->compute_rows(
+        kv_, r, std::span<const token_id>(prompt_).subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())),
+        last);  // empty unless r ends the prompt: earlier KV changed, recompute on demand
     mark(r);
   }
 
@@ -142,7 +138,9 @@ class CpuLlamaSession {
 static_assert(ComputeBackend<CpuLlamaSession>);
 
 // CpuLlama as an engine of the fusion loop (fusion/fusion_backend.hpp): one request's KV in a LlamaKVCache,
-// the per-layer partial prefill of CpuLlama::partial_prefill. Not thread-safe; one request at a time.
+// the per-layer partial prefill of CpuLlama::partial_prefill; and a ComputeBackend for Cake on the same KV
+// (FusionPipeline::run_composed). Not thread-safe; one request at a time (Cake's loader calls compute_kv
+// and install_kv from its calling thread only).
 class CpuLlamaFusion {
  public:
   explicit CpuLlamaFusion(const CpuLlama& model) : model_(&model) {}
@@ -174,6 +172,15 @@ class CpuLlamaFusion {
 
   void shift_rows(TokenRange r, std::int64_t delta) { model_->rope_shift(kv_, r, delta); }
 
+  // ComputeBackend (Cake's compute side, for the stored exact prefix of a request): rows r computed on every
+  // layer with rows [0, r.begin) resident; loaded prefix blocks installed at their positions.
+  void compute_kv(TokenRange r) {
+    (void)model_->compute_rows(
+        kv_, r, std::span<const token_id>(tokens_).subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())),
+        false);
+  }
+  void install_kv(TokenRange r, const KVBlock& block) { load_rows(r, block); }
+
   std::vector<float> prefill(const TokenSet& rows) { return prefill(rows, {}, nullptr); }
 
   std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
@@ -196,5 +203,6 @@ class CpuLlamaFusion {
 
 static_assert(FixedSetFusionBackend<CpuLlamaFusion>);
 static_assert(PerLayerFusionBackend<CpuLlamaFusion>);
+static_assert(ComputeBackend<CpuLlamaFusion>);
 
 }  // namespace kvfuse

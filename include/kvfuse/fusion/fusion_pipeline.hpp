@@ -210,23 +210,77 @@ class FusionPipeline {
   // when the engine models only FixedSetFusionBackend.
   FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) {
     check_prompt(tokens, layout, "FusionPipeline::run");
+    backend_->begin(tokens);
+    return run_after_prefix(tokens, layout, method, 0);
+  }
+
+  // Offline, for run_composed: the exact KV of the prompt's first `prefix_tokens` tokens, stored as Cake's
+  // prefix-cache entries (prefix_chunk_keys on a grid of `fetch_chunk` tokens: what an earlier request with
+  // the same prefix leaves behind). Returns the number of entries put.
+  std::int64_t store_prefix(std::span<const token_id> tokens, std::int64_t prefix_tokens, std::int64_t fetch_chunk) {
+    detail::require(prefix_tokens >= 1 && prefix_tokens <= static_cast<std::int64_t>(tokens.size()) && fetch_chunk >= 1,
+                    "FusionPipeline::store_prefix: {} prefix tokens of a {}-token prompt in chunks of {}",
+                    prefix_tokens, tokens.size(), fetch_chunk);
+    const auto prefix = tokens.first(static_cast<std::size_t>(prefix_tokens));
+    backend_->begin(prefix);
+    TokenSet all;
+    append_range(all, {0, prefix_tokens});
+    (void)backend_->prefill(all);
+    const auto keys = prefix_chunk_keys(backend_->model_fingerprint(), prefix, fetch_chunk);
+    for (std::int64_t b = 0; b < prefix_tokens; b += fetch_chunk)
+      store_->put(keys[static_cast<std::size_t>(b / fetch_chunk)], backend_->save_rows({b, std::min(b + fetch_chunk, prefix_tokens)}));
+    return static_cast<std::int64_t>(keys.size());
+  }
+
+  // Online, for a request whose first rows are already prepared: the engine's request for `tokens` has begun
+  // (begin) and rows [0, exact_prefix), a chunk boundary of `layout`, are resident and exact (Cake prepares
+  // them in run_composed, kvfuse/runtime.hpp). Their chunks are reported as `prefix` and none of their rows is
+  // recomputed; the chunks after them are assembled by `method` as in run().
+  FusionResult run_after_prefix(std::span<const token_id> tokens, const PromptLayout& layout,
+                                const FusionMethod& method, std::int64_t exact_prefix) {
+    check_prompt(tokens, layout, "FusionPipeline::run_after_prefix");
+    const bool boundary = exact_prefix == 0 || std::any_of(layout.chunks.begin(), layout.chunks.end(), [&](const PromptChunk& c) {
+      return c.range.end == exact_prefix;
+    });
+    detail::require(boundary && exact_prefix < static_cast<std::int64_t>(tokens.size()),
+                    "FusionPipeline::run_after_prefix: exact prefix {} is not a chunk boundary before the query {}",
+                    exact_prefix, layout.query);
+    FusionResult out;
+    fuse(tokens, layout, method, exact_prefix, out);
+    return out;
+  }
+
+  [[nodiscard]] Store& store() const noexcept { return *store_; }
+
+  // A method type that always needs per-layer feedback does not compile for a fixed-set engine.
+  template <class Method>
+    requires(needs_per_layer_backend<Method> && !PerLayerFusionBackend<Backend>)
+  FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const Method& method) = delete;
+
+ private:
+  // run() after begin(): plan, load + check + shift, the engine's prefill with the method's S_l. Rows
+  // [0, exact_prefix), a chunk boundary, are already resident and exact (Cake, run_composed): their chunks are
+  // reported as `prefix` and none of their rows is recomputed.
+  void fuse(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method,
+            std::int64_t exact_prefix, FusionResult& out) {
     const auto n = static_cast<std::int64_t>(tokens.size());
     const std::int64_t num_layers = backend_->num_layers();
     if (std::holds_alternative<CacheCraft>(method)) drop_stale_variants();
-    FusionResult out;
     auto t0 = std::chrono::steady_clock::now();
     out.plan = make_plan(tokens, layout, method);
     FusionPlan& plan = out.plan;
+    for (ChunkPlan& c : plan.chunks)
+      if (c.range.end <= exact_prefix) c = {c.range, KVSource::prefix, KVKey{}, c.range.begin, 0.0, {}, 0};
+    if (exact_prefix > 0) finish_plan(plan, method, exact_prefix);
     for (const ChunkPlan& c : plan.chunks)  // the run uses the planned variants: f_r += 1/CFO (section 3.3)
       if (c.source == KVSource::variant) variants_.record_use(c.variant_id, c.cfo);
     out.time.plan_ms = detail::ms_since(t0);
 
     // Bring the planned KV in and move it to this prompt's positions.
-    backend_->begin(tokens);
     bool prefix_broken = false;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
       ChunkPlan& c = plan.chunks[j];
-      if (c.source == KVSource::compute) continue;
+      if (c.source == KVSource::compute || c.range.end <= exact_prefix) continue;
       if (prefix_broken) {  // a prefix entry is only exact behind the entries before it
         c.source = KVSource::compute;
         continue;
@@ -261,7 +315,7 @@ class FusionPipeline {
         backend_->shift_rows(c.range, c.range.begin - c.stored_first_position);
       out.time.shift_ms += detail::ms_since(t0);
     }
-    if (out.rejected_entries > 0) finish_plan(plan, method);  // chunks that became `compute` change S_0
+    if (out.rejected_entries > 0) finish_plan(plan, method, exact_prefix);  // chunks now `compute` change S_0
 
     t0 = std::chrono::steady_clock::now();
     const LayerSchedule schedule = layer_schedule(plan, method, num_layers);
@@ -284,15 +338,8 @@ class FusionPipeline {
     std::int64_t total = 0;
     for (std::int64_t sel : out.selected_per_layer) total += sel;
     out.recompute_fraction = static_cast<double>(total) / (static_cast<double>(num_layers) * static_cast<double>(n));
-    return out;
   }
 
-  // A method type that always needs per-layer feedback does not compile for a fixed-set engine.
-  template <class Method>
-    requires(needs_per_layer_backend<Method> && !PerLayerFusionBackend<Backend>)
-  FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const Method& method) = delete;
-
- private:
   static std::span<const token_id> slice(std::span<const token_id> tokens, TokenRange r) {
     return tokens.subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size()));
   }
@@ -355,10 +402,11 @@ class FusionPipeline {
   }
 
   // layout.cached from the sources, and S_0 (layer_schedule: the one place methods are dispatched).
-  void finish_plan(FusionPlan& plan, const FusionMethod& method) const {
+  void finish_plan(FusionPlan& plan, const FusionMethod& method, std::int64_t exact_prefix = 0) const {
     for (std::size_t j = 0; j < plan.chunks.size(); ++j)
       plan.layout.chunks[j].cached = plan.chunks[j].source != KVSource::compute;
     plan.initial = layer_schedule(plan, method, backend_->num_layers()).initial;
+    std::erase_if(plan.initial, [exact_prefix](std::int64_t row) { return row < exact_prefix; });
   }
 
   Backend* backend_;

@@ -127,6 +127,19 @@ class CpuLlama {
   // An empty cache (0 rows) of this model's shape.
   [[nodiscard]] LlamaKVCache empty_kv() const { return LlamaKVCache(config_.n_layer, config_.kv_dim(), 0); }
 
+  // Chunked prefill of rows r of `kv` (their tokens in `r_tokens`) on every layer, rows [0, r.begin) resident,
+  // each row at its position in kv.positions; the logits of row r.end − 1 when `want_logits`, else nothing.
+  std::vector<float> compute_rows(LlamaKVCache& kv, TokenRange r, std::span<const token_id> r_tokens,
+                                  bool want_logits) const {
+    check_kv(kv, "CpuLlama::compute_rows");
+    validate_range(r, kv.num_rows(), "CpuLlama::compute_rows");
+    detail::require(!r.empty() && r_tokens.size() == static_cast<std::size_t>(r.size()),
+                    "CpuLlama::compute_rows: rows {} with {} tokens", r, r_tokens.size());
+    TokenSet rows;
+    append_range(rows, r);
+    return run(kv, std::move(rows), r_tokens, nullptr, nullptr, want_logits, nullptr);
+  }
+
   // Prefill of `tokens` at positions 0 .. n-1: the KV of every token and the logits of the last one.
   [[nodiscard]] LlamaPrefill full_prefill(std::span<const token_id> tokens) const {
     detail::require(!tokens.empty(), "CpuLlama::full_prefill: no tokens");
