@@ -8,15 +8,19 @@
 //
 //   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
 //                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]
-//                   [--compute-chunk 512] [--fetch-chunk 128] [--threads 0] [--out DIR]
+//                   [--compute-chunk 512] [--fetch-chunk 128] [--threads 0] [--out DIR] [--method cacheblend]
 //
 // Prints one JSON object: means over the prompts of the TTFT of each run, the meeting point, the best split,
-// the link's nominal and measured speed, the prompt and stored-prefix lengths. With --out DIR, writes
+// the link's nominal and measured speed, the prompt and stored-prefix lengths. Then one composed request
+// (run_composed) on the first question's prompt with its first four passages: system prompt + passage 1 stored
+// as the exact prefix and prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
+// question; a second JSON object gives its TTFT next to full prefill's and the first token's KL and agreement. With --out DIR, writes
 // cake_timeline.png (gnuplot): one request's compute chunks (forward) and loads (backward) and where they met.
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -46,7 +50,7 @@ using namespace kvfuse_example;
 constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
 
 struct Options {
-  std::string data, model, store = "memory", cache_dir, out;
+  std::string data, model, store = "memory", cache_dir, out, method = "cacheblend";
   std::int64_t prefix_tokens = 2048, limit = 1, start = 0, compute_chunk = 512, fetch_chunk = 128, threads = 0;
   kvfuse::LinkConfig link{20.0, 1.0};
 };
@@ -69,6 +73,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--store") o.store = v;
     else if (flag == "--cache-dir") o.cache_dir = v;
     else if (flag == "--out") o.out = v;
+    else if (flag == "--method") o.method = v;
     else if (flag == "--prefix-tokens") o.prefix_tokens = parse_int(flag, v);
     else if (flag == "--limit") o.limit = parse_int(flag, v);
     else if (flag == "--start") o.start = parse_int(flag, v);
@@ -83,6 +88,7 @@ Options parse(int argc, char** argv) {
   kvfuse::detail::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
   kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
   kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk}.validate();
+  (void)kvfuse::parse_method(o.method);  // refuse a bad name before any work
   o.link.validate();
   if (o.model.empty()) o.model = default_model();
   kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
@@ -211,6 +217,47 @@ int main(int argc, char** argv) try {
     return exact;
   };
   const bool exact = disk ? measure(*disk) : measure(memory);
+
+  // One request composed of Cake (the stored exact prefix) and a fusion method (the reused chunks).
+  const auto composed = [&](auto& inner) {
+    kvfuse::ThrottledKVStore link(inner, o.link);
+    const Question& q = questions.front();
+    const std::vector<std::string> passages(q.passages.begin(), q.passages.begin() + std::min<std::size_t>(4, q.passages.size()));
+    const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
+    const kvfuse::PromptLayout layout = prompt.layout();
+    kvfuse::CpuLlamaFusion engine(model);
+    kvfuse::FusionPipeline pipeline(engine, link);
+    pipeline.store_chunk_caches(prompt.tokens, layout);
+    // An earlier request shared the system prompt and passage 1: its prefix entries cover them (the fetch grid
+    // rounds up into passage 2, which this request does not reuse as a prefix: Cake stops at passage 1's end).
+    const std::int64_t shared = layout.chunks.at(std::min<std::size_t>(1, layout.chunks.size() - 1)).range.end;
+    pipeline.store_prefix(prompt.tokens,
+                          std::min((shared + o.fetch_chunk - 1) / o.fetch_chunk * o.fetch_chunk, layout.query.begin),
+                          o.fetch_chunk);
+    const auto t0 = std::chrono::steady_clock::now();
+    const kvfuse::LlamaPrefill full = model.full_prefill(prompt.tokens);
+    const double full_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const kvfuse::ComposedResult r = kvfuse::run_composed(pipeline, prompt.tokens, layout, kvfuse::parse_method(o.method),
+                                                          kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk});
+    nlohmann::json j;
+    j["composed"] = {{"method", r.fusion.plan.method},
+                     {"tokens", prompt.tokens.size()},
+                     {"exact_prefix", r.exact_prefix},
+                     {"cake_meet_token", r.prefix.meet_token},
+                     {"cake_loaded_tokens", r.prefix.loaded_tokens},
+                     {"recompute_fraction", r.fusion.recompute_fraction},
+                     {"ttft_ms", r.ttft_ms()},
+                     {"full_prefill_ttft_ms", full_ms},
+                     {"ttft_ratio_vs_full", r.ttft_ms() / full_ms},
+                     {"kl_first_token", kvfuse::eval::kl_divergence(full.logits, r.fusion.logits)},
+                     {"top1_agrees", kvfuse::argmax_token(full.logits) == kvfuse::argmax_token(r.fusion.logits)}};
+    fmt::print("{}\n", j.dump());
+  };
+  if (disk) {
+    composed(*disk);
+  } else {
+    composed(memory);
+  }
   if (temp_dir) fs::remove_all(*temp_dir);
   return exact ? 0 : 3;
 } catch (const std::exception& e) {

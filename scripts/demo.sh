@@ -8,7 +8,8 @@
 #   2. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
 #      15 MB/s link): a 512-token stored prefix of a MuSiQue prompt, computed from the front while loaded from
 #      the back, next to compute-only, load-only and the best static split, each checked against full
-#      prefill (docs/cake-real.md);
+#      prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
+#      CacheBlend (passages 2-4, reused chunk caches) against full prefill;
 #   3. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
@@ -40,8 +41,9 @@ echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 M
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
     --fetch-chunk 128 --compute-chunk 512 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run"
-  echo "(ttft_ms per strategy; matches_full_prefill: every run's first-token logits equal full prefill's to rounding;"
-  echo " timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: the sweep over link speeds)"
+  echo "(first line: ttft_ms per strategy; matches_full_prefill: every run's first-token logits equal full"
+  echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."
+  echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages)"
 fi
 echo
 echo "== Cake, simulated at the paper's scale"
