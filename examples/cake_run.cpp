@@ -1,8 +1,9 @@
 // kvfuse-cake-run: Cake on real compute and real I/O. Each request is the first --prefix-tokens tokens (on the
 // fetch-chunk grid) of a MuSiQue RAG prompt followed by its question. That prefix is made offline by a full
 // prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
-// token's logits (TTFT) is measured for Cake (LoaderMode::adaptive: compute from the front, load from the back),
-// compute-only, load-only and the best static split found by trying every split point on the fetch grid, all on
+// token's logits (TTFT) is measured for Cake (LoaderMode::adaptive: compute from the front, load from the back,
+// with the estimate an engine has in advance: its prefill speed, measured on the offline prefill, and the
+// link's nominal speed), compute-only, load-only and the best static split found by trying every split point on the fetch grid, all on
 // the reference CPU backend and the real store. Every run's first-token logits are checked against full prefill
 // (equal up to float rounding).
 //
@@ -99,10 +100,11 @@ Options parse(int argc, char** argv) {
 // One run of the loader on a fresh request; checks the result against full prefill.
 template <class Store>
 kvfuse::LoaderTrace run_once(const kvfuse::CpuLlama& model, Store& store, const std::vector<kvfuse::token_id>& tokens,
-                             kvfuse::LoaderConfig config, const kvfuse::LlamaPrefill& full, bool& exact) {
+                             kvfuse::LoaderConfig config, const kvfuse::LoaderEstimate& estimate,
+                             const kvfuse::LlamaPrefill& full, bool& exact) {
   kvfuse::CpuLlamaSession session(model, tokens);
-  kvfuse::LoaderTrace t = kvfuse::run_threaded(kvfuse::BidirectionalLoader<kvfuse::CpuLlamaSession, Store>(config),
-                                               session, store, tokens);
+  kvfuse::LoaderTrace t = kvfuse::run_threaded(
+      kvfuse::BidirectionalLoader<kvfuse::CpuLlamaSession, Store>(config, estimate), session, store, tokens);
   // Full prefill's logits up to float rounding (chunked prefill groups rows differently): |Δ| ≤ 1e-5 · max |logit|.
   const std::span<const float> logits = session.logits();
   double diff = 0, scale = 1;
@@ -170,24 +172,35 @@ int main(int argc, char** argv) try {
       std::vector<kvfuse::token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + stored);
       tokens.insert(tokens.end(), prompt.tokens.begin() + query_begin, prompt.tokens.end());
       // Offline: what an earlier request left in the store, the prompt's first `stored` tokens.
+      const auto t0 = std::chrono::steady_clock::now();
       const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
+      const double full_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // What an engine knows before the request (Cake's adaptive mode uses it until it has observed both sides):
+      // its prefill speed, measured here on the offline prefill, and the link's nominal speed.
+      kvfuse::LoaderEstimate estimate;
+      estimate.compute_a_s = full_s / static_cast<double>(tokens.size()) * static_cast<double>(o.compute_chunk);
+      if (o.link.megabytes_per_s > 0)
+        estimate.fetch_chunk_s = o.link.latency_ms / 1e3 +
+                                 static_cast<double>(kvfuse::LlamaKVCache::block_bytes(
+                                     model.config().n_layer, model.config().kv_dim(), o.fetch_chunk)) /
+                                     (o.link.megabytes_per_s * 1e6);
       const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, o.fetch_chunk);
       for (std::int64_t b = 0; b < stored; b += o.fetch_chunk)
         inner.put(keys[static_cast<std::size_t>(b / o.fetch_chunk)], full.kv.to_block({b, b + o.fetch_chunk}));
       kvfuse::LoaderConfig config{o.compute_chunk, o.fetch_chunk};
-      const kvfuse::LoaderTrace t = run_once(model, link, tokens, config, full, exact);
+      const kvfuse::LoaderTrace t = run_once(model, link, tokens, config, estimate, full, exact);
       if (qi == 0 && !o.out.empty()) write_timeline(o.out, t, o);
       cake += t.ready_s;
       meet += static_cast<double>(t.meet_token);
       config.mode = kvfuse::LoaderMode::compute_only;
-      compute_only += run_once(model, link, tokens, config, full, exact).ready_s;
+      compute_only += run_once(model, link, tokens, config, estimate, full, exact).ready_s;
       config.mode = kvfuse::LoaderMode::load_only;
-      io_only += run_once(model, link, tokens, config, full, exact).ready_s;
+      io_only += run_once(model, link, tokens, config, estimate, full, exact).ready_s;
       config.mode = kvfuse::LoaderMode::static_split;
       double best_s = std::numeric_limits<double>::infinity();
       std::int64_t best_at = 0;
       for (config.split = 0; config.split <= stored; config.split += o.fetch_chunk) {
-        const double r = run_once(model, link, tokens, config, full, exact).ready_s;
+        const double r = run_once(model, link, tokens, config, estimate, full, exact).ready_s;
         if (r < best_s) std::tie(best_s, best_at) = std::pair{r, config.split};
       }
       best += best_s;
