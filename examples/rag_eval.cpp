@@ -6,14 +6,15 @@
 //
 //   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
-//                   [--out DIR] [--cache-dir DIR] [--model GGUF] [--threads 0] [--no-plot]
+//                   [--out DIR] [--cache-dir DIR] [--model GGUF] [--threads 0] [--no-plot] [--store-dtype f32]
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
 // in reverse order, whose in-context KV becomes the prefix-cache entries and the Cache-Craft variants. Then
 // each method runs on [system, passages..., question]; TTFT counts the online work only (load, shift,
 // recompute, first token). The memory tier is emptied after each question; --cache-dir adds a disk tier
-// (DiskKVStore) that persists across runs.
+// (DiskKVStore) that persists across runs. --store-dtype f16 or bf16 keeps the chunk caches at half the bytes
+// (CpuLlamaFusion's storage dtype); the fidelity columns then include that rounding.
 
 #include <algorithm>
 #include <array>
@@ -56,10 +57,17 @@ constexpr std::string_view kSystem = "You are a helpful assistant. Answer the qu
 
 struct Options {
   std::string data, model, out = "rag-eval", cache_dir;
+  kvfuse::DType store_dtype = kvfuse::DType::f32;
   std::vector<std::string> methods;
   std::int64_t limit = 20, start = 0, max_passages = 10, max_passage_tokens = 0, max_new_tokens = 32, threads = 0;
   bool plot = true;
 };
+
+kvfuse::DType parse_dtype(std::string_view v) {
+  for (kvfuse::DType t : {kvfuse::DType::f32, kvfuse::DType::f16, kvfuse::DType::bf16})
+    if (v == kvfuse::dtype_name(t)) return t;
+  throw kvfuse::error(fmt::format("--store-dtype: '{}' is not f32, f16 or bf16", v));
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -77,6 +85,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--methods") methods = v;
     else if (flag == "--out") o.out = v;
     else if (flag == "--cache-dir") o.cache_dir = v;
+    else if (flag == "--store-dtype") o.store_dtype = parse_dtype(v);
     else if (flag == "--limit") o.limit = parse_int(flag, v);
     else if (flag == "--start") o.start = parse_int(flag, v);
     else if (flag == "--max-passages") o.max_passages = parse_int(flag, v);
@@ -285,7 +294,7 @@ int main(int argc, char** argv) try {
       memory.clear();  // bound memory: the disk tier (if any) keeps the entries
     }
   };
-  kvfuse::CpuLlamaFusion engine(model);
+  kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
   if (tiered) {
     kvfuse::FusionPipeline pipeline(engine, *tiered);
     evaluate(pipeline);
@@ -296,6 +305,7 @@ int main(int argc, char** argv) try {
 
   nlohmann::json results;
   results["model"] = fs::path(o.model).filename().string();
+  results["store_dtype"] = kvfuse::dtype_name(o.store_dtype);
   results["questions"] = questions.size();
   results["passages_per_question"] = o.max_passages;
   results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(questions.size());

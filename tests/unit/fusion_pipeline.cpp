@@ -579,3 +579,33 @@ TEST_CASE("one request composed of Cake and a fusion method: Cake prepares the s
   CHECK(alone.exact_prefix == 0);
   CHECK(alone.fusion.logits == pipeline.run(other.tokens, other.layout, NaiveReuse{}).logits);
 }
+
+TEST_CASE("chunk caches stored as bf16 / f16: half the bytes, keys of their own, a small measured loss") {
+  const CpuLlama model = small_llama();
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  InMemoryKVStore fp32_store;
+  CpuLlamaFusion fp32_engine(model);
+  FusionPipeline fp32(fp32_engine, fp32_store);
+  fp32.store_chunk_caches(p.tokens, p.layout);
+  const FusionResult reference = fp32.run(p.tokens, p.layout, NaiveReuse{});
+  for (kvfuse::DType storage : {kvfuse::DType::bf16, kvfuse::DType::f16}) {
+    CAPTURE(std::string(kvfuse::dtype_name(storage)));
+    InMemoryKVStore store;
+    CpuLlamaFusion engine(model, storage);
+    FusionPipeline pipeline(engine, store);
+    CHECK(engine.model_fingerprint() != fp32_engine.model_fingerprint());
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+    CHECK(2 * store.bytes() == fp32_store.bytes());
+    const FusionResult r = pipeline.run(p.tokens, p.layout, NaiveReuse{});
+    CHECK(r.rejected_entries == 0);
+    const double kl = kvfuse::eval::kl_divergence(reference.logits, r.logits);
+    MESSAGE(std::string(kvfuse::dtype_name(storage)) << " storage: KL vs the fp32 store " << kl);
+    CHECK(kl > 0.0);   // the rounding is really there
+    CHECK(kl < 1e-3);  // and small
+    // Full prefill loads nothing: identical.
+    CHECK(pipeline.run(p.tokens, p.layout, FullRecompute{}).logits == fp32.run(p.tokens, p.layout, FullRecompute{}).logits);
+    // An fp32 block under this engine's key is refused, never misread: recomputed and put back.
+    store.put(pipeline.isolated_key(kA), fp32_engine.chunk_kv(kA, 0));
+    CHECK(pipeline.run(p.tokens, p.layout, NaiveReuse{}).rejected_entries == 1);
+  }
+}

@@ -29,7 +29,9 @@
 #include "kvfuse/backend/cpu/kv_cache.hpp"
 #include "kvfuse/backend/cpu/llama.hpp"
 #include "kvfuse/backend/cpu/llama_config.hpp"
+#include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/fusion/fusion_backend.hpp"
@@ -143,18 +145,30 @@ static_assert(ComputeBackend<CpuLlamaSession>);
 // and install_kv from its calling thread only).
 class CpuLlamaFusion {
  public:
-  explicit CpuLlamaFusion(const CpuLlama& model) : model_(&model) {}
+  // `storage`: the dtype of the KV blocks it stores and loads — f32, or f16 / bf16 (rounded to nearest even,
+  // core/dtype.hpp) to halve the bytes a store holds and a link carries. The request's KV stays fp32; blocks
+  // of another storage dtype get other keys (the fingerprint includes it), so they never mix.
+  explicit CpuLlamaFusion(const CpuLlama& model, DType storage = DType::f32) : model_(&model), storage_(storage) {
+    detail::require(storage == DType::f32 || storage == DType::f16 || storage == DType::bf16,
+                    "CpuLlamaFusion: storage dtype {} is not f32, f16 or bf16", static_cast<int>(storage));
+  }
 
   [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
-  [[nodiscard]] std::uint64_t model_fingerprint() const noexcept { return model_->fingerprint(); }
+  [[nodiscard]] DType storage() const noexcept { return storage_; }
+  [[nodiscard]] std::uint64_t model_fingerprint() const noexcept {
+    if (storage_ == DType::f32) return model_->fingerprint();
+    const std::uint64_t parts[2] = {model_->fingerprint(), static_cast<std::uint64_t>(storage_)};
+    return fnv1a(std::as_bytes(std::span(parts)));
+  }
   [[nodiscard]] std::int64_t num_layers() const noexcept { return model_->config().n_layer; }
   [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const {
-    return LlamaKVCache::block_bytes(model_->config().n_layer, model_->config().kv_dim(), rows);
+    return LlamaKVCache::block_bytes(model_->config().n_layer, model_->config().kv_dim(), rows) / sizeof(float) *
+           static_cast<std::size_t>(dtype_size(storage_));
   }
 
   [[nodiscard]] KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first_position) const {
     const LlamaKVCache kv = model_->prefill_chunk(tokens, first_position);
-    KVBlock block = kv.to_block({0, kv.num_rows()});
+    KVBlock block = encode(kv.to_block({0, kv.num_rows()}));
     block.first_position = first_position;
     return block;
   }
@@ -165,7 +179,10 @@ class CpuLlamaFusion {
   }
 
   void load_rows(TokenRange r, const KVBlock& block) {
-    kv_.write_block(r, block);
+    detail::require(block.bytes.size() == block_bytes(r.size()),
+                    "CpuLlamaFusion::load_rows: the block for rows {} holds {} bytes, expected {} ({} storage)", r,
+                    block.bytes.size(), block_bytes(r.size()), dtype_name(storage_));
+    kv_.write_block(r, decode(block));
     for (std::int64_t row = r.begin; row < r.end; ++row)
       kv_.positions[static_cast<std::size_t>(row)] = block.first_position + (row - r.begin);
   }
@@ -189,14 +206,42 @@ class CpuLlamaFusion {
     return model_->partial_prefill(tokens_, kv_, rows, next, options).logits;
   }
 
-  [[nodiscard]] KVBlock save_rows(TokenRange r) const { return kv_.to_block(r); }
+  [[nodiscard]] KVBlock save_rows(TokenRange r) const { return encode(kv_.to_block(r)); }
 
   // The request's KV after prefill (for decoding: CpuLlama::greedy_decode).
   [[nodiscard]] LlamaKVCache& kv() noexcept { return kv_; }
   [[nodiscard]] const LlamaKVCache& kv() const noexcept { return kv_; }
 
  private:
+  // An fp32 block (LlamaKVCache::to_block) in the storage dtype, value by value; decode is its inverse.
+  [[nodiscard]] KVBlock encode(KVBlock block) const {
+    if (storage_ == DType::f32) return block;
+    const std::size_t count = block.bytes.size() / sizeof(float);
+    std::vector<std::byte> out(count * 2);
+    for (std::size_t i = 0; i < count; ++i) {
+      float value = 0;
+      std::memcpy(&value, block.bytes.data() + i * sizeof(float), sizeof value);
+      const std::uint16_t bits = storage_ == DType::bf16 ? to_bf16(value).bits : to_f16(value).bits;
+      std::memcpy(out.data() + i * 2, &bits, sizeof bits);
+    }
+    block.bytes = std::move(out);
+    return block;
+  }
+
+  [[nodiscard]] KVBlock decode(const KVBlock& block) const {
+    if (storage_ == DType::f32) return block;
+    KVBlock out{block.num_tokens, std::vector<std::byte>(block.bytes.size() / 2 * sizeof(float)), block.first_position};
+    for (std::size_t i = 0; i < block.bytes.size() / 2; ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, block.bytes.data() + i * 2, sizeof bits);
+      const float value = storage_ == DType::bf16 ? to_float(bf16{bits}) : to_float(f16{bits});
+      std::memcpy(out.bytes.data() + i * sizeof(float), &value, sizeof value);
+    }
+    return out;
+  }
+
   const CpuLlama* model_;
+  DType storage_ = DType::f32;
   std::vector<token_id> tokens_;
   LlamaKVCache kv_;
 };
