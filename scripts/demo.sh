@@ -6,9 +6,9 @@
 #      against full prefill in the same run; prints the table, writes results.json, results.md and the
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/;
 #   2. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
-#      15 MB/s link): a 512-token stored prefix of a MuSiQue prompt, computed from the front while loaded from
-#      the back, next to compute-only, load-only and the best static split, each checked against full
-#      prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
+#      15 MB/s link, 128-token chunks): a 512-token stored prefix of a MuSiQue prompt, computed from the front
+#      while loaded from the back, next to compute-only, load-only and the best static split, each checked
+#      against full prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
 #      CacheBlend (passages 2-4, reused chunk caches) against full prefill;
 #   3. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
@@ -40,7 +40,7 @@ echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
-    --fetch-chunk 128 --compute-chunk 512 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run"
+    --fetch-chunk 128 --compute-chunk 128 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run"
   echo "(first line: ttft_ms per strategy; matches_full_prefill: every run's first-token logits equal full"
   echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."
   echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages)"
