@@ -211,7 +211,9 @@ class FusionPipeline {
   FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) {
     check_prompt(tokens, layout, "FusionPipeline::run");
     backend_->begin(tokens);
-    return run_after_prefix(tokens, layout, method, 0);
+    FusionResult out;
+    fuse(tokens, layout, method, 0, out);
+    return out;
   }
 
   // Offline, for run_composed: the exact KV of the prompt's first `prefix_tokens` tokens, stored as Cake's
