@@ -56,13 +56,6 @@ struct Options {
   kvfuse::LinkConfig link{20.0, 1.0};
 };
 
-double parse_real(std::string_view flag, std::string_view v) {
-  double x = 0;
-  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
-  return x;
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {

@@ -25,6 +25,13 @@ inline std::int64_t parse_int(std::string_view flag, std::string_view v) {
   return x;
 }
 
+inline double parse_real(std::string_view flag, std::string_view v) {
+  double x = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
+  return x;
+}
+
 inline std::vector<std::string> split(std::string_view s) {
   std::vector<std::string> out;
   while (!s.empty()) {

@@ -6,6 +6,7 @@
 
 #include "kvfuse/eval.hpp"
 #include "kvfuse/kvfuse.hpp"
+#include "kvfuse/runtime.hpp"
 #include "kvfuse/stores.hpp"
 
 #include "kvfuse/model/gguf.hpp"

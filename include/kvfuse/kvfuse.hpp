@@ -5,7 +5,9 @@
 //
 // The other umbrella headers, each for what it names:
 //   kvfuse/stores.hpp      KVStore models: InMemoryKVStore, DiskKVStore (POSIX files), TieredKVStore
-//   kvfuse/runtime.hpp     policies run on real threads: run_threaded (Cake's loader, two threads)
+//   kvfuse/runtime.hpp     policies run on real threads: FusionPipeline (the fusion loop over an engine's
+//                          backends, with its layer-pipelined I/O thread), run_threaded (Cake's loader),
+//                          run_composed (both in one request)
 //   kvfuse/simulation.hpp  SimulatedCompute / SimulatedStore: cost-modelled backends in virtual time
 //   kvfuse/eval.hpp        quality metrics against full prefill and gold answers (KL, ROUGE-L, F1)
 //   kvfuse/ref.hpp         the CUDA kernels' argument structs and CPU references (launchers: kvfuse/cuda.cuh)
@@ -38,6 +40,5 @@
 
 #include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
-#include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/fusion/layer_schedule.hpp"

@@ -13,6 +13,9 @@ struct MinimalCompute {
   void compute_kv(kvfuse::TokenRange) {}
   void install_kv(kvfuse::TokenRange, const kvfuse::KVBlock&) {}
 };
+struct MinimalDecoding : MinimalCompute {  // what serve needs: greedy decoding, one token per call
+  kvfuse::token_id decode_step() { return 0; }
+};
 struct MinimalStore {
   bool contains(const kvfuse::KVKey&) const { return false; }
   std::optional<kvfuse::KVBlock> get(const kvfuse::KVKey&) { return std::nullopt; }
@@ -62,6 +65,8 @@ static_assert(!kvfuse::KVStore<StoreReturningPointer>);
 static_assert(!kvfuse::KVStore<StoreWithoutErase>);
 static_assert(!kvfuse::KVStore<kvfuse::SimulatedCompute>);
 static_assert(!kvfuse::ComputeBackend<kvfuse::InMemoryKVStore>);
+static_assert(kvfuse::DecodingBackend<MinimalDecoding>);
+static_assert(!kvfuse::DecodingBackend<MinimalCompute>);
 
 // The loader accepts any pair of models: run_threaded (real threads) for every pair, BidirectionalLoader::run
 // (virtual time) only when both model their costs. The explicit instantiations compile every member and the
@@ -73,6 +78,11 @@ template kvfuse::LoaderTrace kvfuse::run_threaded(const kvfuse::BidirectionalLoa
 template kvfuse::LoaderTrace kvfuse::run_threaded(
     const kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>&, kvfuse::SimulatedCompute&,
     kvfuse::InMemoryKVStore&, std::span<const kvfuse::token_id>);
+
+// The serving loop instantiates for the smallest decoding engine.
+template kvfuse::ServingTrace kvfuse::serve(const kvfuse::TokenBudgetScheduler&,
+                                            const kvfuse::BidirectionalLoader<MinimalDecoding, MinimalStore>&,
+                                            std::vector<kvfuse::ServedRequest<MinimalDecoding>>&, MinimalStore&);
 
 template <class Loader, class Compute, class Store>
 concept VirtualTimeRun = requires(const Loader& l, Compute& c, Store& s, std::span<const kvfuse::token_id> t) {

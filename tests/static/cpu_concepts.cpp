@@ -1,10 +1,12 @@
-// Static tests for kvfuse::cpu: the reference backend's session models ComputeBackend, Cake's threaded
-// driver instantiates for it over the tiered store, and the cpu umbrella header compiles on its own.
+// Static tests for kvfuse::cpu: the reference backend's session models ComputeBackend and DecodingBackend,
+// Cake's threaded driver and the serving loop instantiate for it over the tiered store, and the cpu umbrella
+// header compiles on its own.
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/runtime.hpp"
 
 static_assert(kvfuse::ComputeBackend<kvfuse::CpuLlamaSession>);
 static_assert(!kvfuse::CostModeledCompute<kvfuse::CpuLlamaSession>);
+static_assert(kvfuse::DecodingBackend<kvfuse::CpuLlamaSession>);
 static_assert(!std::is_copy_constructible_v<kvfuse::GGUFFile>);
 static_assert(std::is_move_constructible_v<kvfuse::GGUFFile>);
 
@@ -13,5 +15,9 @@ using CpuTieredStore = kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::Di
 template kvfuse::LoaderTrace kvfuse::run_threaded(const kvfuse::BidirectionalLoader<kvfuse::CpuLlamaSession, CpuTieredStore>&,
                                                   kvfuse::CpuLlamaSession&, CpuTieredStore&,
                                                   std::span<const kvfuse::token_id>);
+template kvfuse::ServingTrace kvfuse::serve(const kvfuse::TokenBudgetScheduler&,
+                                            const kvfuse::BidirectionalLoader<kvfuse::CpuLlamaSession, CpuTieredStore>&,
+                                            std::vector<kvfuse::ServedRequest<kvfuse::CpuLlamaSession>>&,
+                                            CpuTieredStore&);
 
 int main() { return 0; }

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -14,9 +15,11 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -117,20 +120,23 @@ TEST_CASE("DiskKVStore round-trips bytes, num_tokens and first_position in the d
   check_block_a(store.get(key_a));
 
   const std::vector<unsigned char> raw = file_bytes(file);
-  REQUIRE(raw.size() == 68);  // 64-byte header + 4 payload bytes
+  REQUIRE(raw.size() == 76);  // 64-byte header + one page-table entry + 4 payload bytes
   CHECK(std::string(raw.begin(), raw.begin() + 8) == "KVFUSEKV");
-  CHECK(u64_at(raw, 8) == 1);  // u32 version 1, then the u32 reserved field, 0
+  CHECK(u64_at(raw, 8) == (std::uint64_t{65536} << 32 | 2));  // u32 version 2, then the u32 page size
   CHECK(u64_at(raw, 16) == 0x1);
   CHECK(u64_at(raw, 24) == 0xab);
   CHECK(u64_at(raw, 32) == 7);
   CHECK(u64_at(raw, 40) == 42);
   CHECK(u64_at(raw, 48) == 4);
-  std::vector<std::byte> checked(56 + 4);
+  std::vector<std::byte> page(4);
+  std::memcpy(page.data(), raw.data() + 72, 4);
+  CHECK(u64_at(raw, 64) == kvfuse::fnv1a(page));
+  std::vector<std::byte> checked(56 + 8);
   std::memcpy(checked.data(), raw.data(), 56);
-  std::memcpy(checked.data() + 56, raw.data() + 64, 4);
+  std::memcpy(checked.data() + 56, raw.data() + 64, 8);
   CHECK(u64_at(raw, 56) == kvfuse::fnv1a(checked));
-  CHECK(raw[64] == 0x01);
-  CHECK(raw[67] == 0xfa);
+  CHECK(raw[72] == 0x01);
+  CHECK(raw[75] == 0xfa);
 
   // An empty block (no tokens, no bytes) is a valid entry too.
   const KVKey empty_key{0x1, 0x0};
@@ -174,7 +180,7 @@ TEST_CASE("DiskKVStore rejects a corrupt payload byte, moves the file aside, and
   DiskKVStore store(tmp.path);
   store.put(key_a, block_a);
   const fs::path file = store.path_for(key_a);
-  overwrite_bytes(file, 65, "\x7f");  // payload byte 1: 0x02 -> 0x7f
+  overwrite_bytes(file, 73, "\x7f");  // payload byte 1: 0x02 -> 0x7f
 
   CHECK_FALSE(store.get(key_a).has_value());
   CHECK(store.rejected() == 1);
@@ -230,9 +236,9 @@ TEST_CASE("DiskKVStore rejects truncated files, wrong magic and unsupported vers
   }
   SUBCASE("unsupported version") {
     store.put(key_a, block_a);
-    overwrite_bytes(file, 8, "\x02");
+    overwrite_bytes(file, 8, "\x01");  // a version-1 file (one whole-payload checksum) is not read
     CHECK_FALSE(store.get(key_a).has_value());
-    CHECK(contains_text(store.last_rejection(), "unsupported format version 2"));
+    CHECK(contains_text(store.last_rejection(), "unsupported format version 1"));
   }
   CHECK(store.rejected() == 1);
   CHECK_FALSE(fs::exists(file));
@@ -440,4 +446,108 @@ TEST_CASE("LinkConfig refuses negative or non-finite bandwidth and latency, nami
                        doctest::Contains("latency_ms = inf"), kvfuse::error);
   kvfuse::ThrottledKVStore unlimited(memory, {});
   CHECK(unlimited.link().megabytes_per_s == 0.0);
+}
+
+namespace {
+
+// A block of `size` bytes whose byte i is i * 7 + 3 (mod 256): every range of it is recognisable.
+KVBlock patterned_block(std::size_t size, std::int64_t first_position) {
+  KVBlock b{static_cast<std::int64_t>(size / 16), std::vector<std::byte>(size), first_position};
+  for (std::size_t i = 0; i < size; ++i) b.bytes[i] = static_cast<std::byte>((i * 7 + 3) & 0xffu);
+  return b;
+}
+
+bool range_is(const std::optional<std::vector<std::byte>>& got, const KVBlock& block, std::size_t offset,
+              std::size_t size) {
+  return got.has_value() && got->size() == size &&
+         std::equal(got->begin(), got->end(), block.bytes.begin() + static_cast<std::ptrdiff_t>(offset));
+}
+
+}  // namespace
+
+TEST_CASE("Ranged reads (describe + get_range) return exactly the bytes of get, on every ranged store") {
+  TempDir tmp;
+  DiskKVStore disk(tmp.path);
+  InMemoryKVStore memory;
+  kvfuse::ThrottledKVStore link(memory, {/*megabytes_per_s=*/0.0, /*latency_ms=*/0.0});
+  const KVBlock block = patterned_block(3 * 65536 + 1000, 17);  // four disk pages, the last one short
+  const KVKey key{0x5, 0x6};
+  disk.put(key, block);
+  memory.put(key, block);
+  const auto check_store = [&](auto& store) {
+    CHECK_FALSE(store.describe(KVKey{0x5, 0x7}).has_value());
+    const auto info = store.describe(key);
+    REQUIRE(info.has_value());
+    CHECK(info->num_tokens == block.num_tokens);
+    CHECK(info->first_position == 17);
+    CHECK(info->bytes == block.bytes.size());
+    for (const auto& [offset, size] : std::vector<std::pair<std::size_t, std::size_t>>{
+             {0, 0}, {0, 10}, {65530, 20}, {65536, 65536}, {100, 3 * 65536}, {3 * 65536, 1000}, {0, block.bytes.size()}}) {
+      CAPTURE(offset);
+      CAPTURE(size);
+      CHECK(range_is(store.get_range(key, *info, offset, size), block, offset, size));
+    }
+    CHECK_THROWS_WITH_AS((void)store.get_range(key, *info, block.bytes.size() - 5, 6),
+                         doctest::Contains("of a 197608-byte entry"), kvfuse::error);
+  };
+  check_store(disk);
+  check_store(memory);
+  check_store(link);
+  CHECK(link.stats().gets == 9);  // describe x2, 7 ranges (the refused one reads nothing)
+  CHECK(disk.rejected() == 0);
+}
+
+TEST_CASE("DiskKVStore::get_range checks only the pages it reads, and refuses a replaced entry without rejecting it") {
+  TempDir tmp;
+  DiskKVStore store(tmp.path);
+  const KVBlock block = patterned_block(4 * 65536, 0);
+  const KVKey key{0x5, 0x6};
+  store.put(key, block);
+  const auto info = store.describe(key);
+  REQUIRE(info.has_value());
+
+  SUBCASE("a corrupt page fails the ranges touching it, the file is set aside, get agrees") {
+    const std::uint64_t payload = 64 + 4 * 8;
+    overwrite_bytes(store.path_for(key), payload + 2 * 65536 + 5, "\x01");  // page 2
+    CHECK(range_is(store.get_range(key, *info, 0, 2 * 65536), block, 0, 2 * 65536));  // pages 0-1 are fine
+    CHECK(store.rejected() == 0);
+    CHECK_FALSE(store.get_range(key, *info, 2 * 65536 - 1, 2).has_value());  // touches page 2
+    CHECK(store.rejected() == 1);
+    CHECK(contains_text(store.last_rejection(), "checksum mismatch in payload page 2"));
+    CHECK_FALSE(store.describe(key).has_value());  // moved aside: a miss now
+    CHECK_FALSE(store.get(key).has_value());
+  }
+  SUBCASE("an entry replaced since describe is another version: nullopt, not a rejection") {
+    KVBlock other = block;
+    other.bytes[0] = std::byte{0xee};
+    store.put(key, other);
+    CHECK_FALSE(store.get_range(key, *info, 0, 16).has_value());
+    CHECK(store.rejected() == 0);
+    const auto fresh = store.describe(key);
+    REQUIRE(fresh.has_value());
+    CHECK(fresh->version != info->version);
+    const auto first = store.get_range(key, *fresh, 0, 1);
+    REQUIRE(first.has_value());
+    CHECK((*first)[0] == std::byte{0xee});
+  }
+  SUBCASE("a corrupt page-table entry or header byte fails describe") {
+    overwrite_bytes(store.path_for(key), 64 + 8, "\x01");
+    CHECK_FALSE(store.describe(key).has_value());
+    CHECK(contains_text(store.last_rejection(), "header checksum mismatch"));
+  }
+}
+
+TEST_CASE("InMemoryKVStore::get_range refuses an entry replaced or erased since describe") {
+  InMemoryKVStore memory;
+  const KVKey key{1, 2};
+  memory.put(key, patterned_block(64, 0));
+  const auto info = memory.describe(key);
+  REQUIRE(info.has_value());
+  CHECK(memory.get_range(key, *info, 0, 64).has_value());
+  memory.put(key, patterned_block(64, 0));  // same bytes, a new put: another version
+  CHECK_FALSE(memory.get_range(key, *info, 0, 64).has_value());
+  const auto fresh = memory.describe(key);
+  REQUIRE(fresh.has_value());
+  memory.erase(key);
+  CHECK_FALSE(memory.get_range(key, *fresh, 0, 64).has_value());
 }

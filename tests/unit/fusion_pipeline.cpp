@@ -23,62 +23,27 @@
 
 #include "../../examples/paged_engine.hpp"
 #include "../support/error_of.hpp"
+#include "../support/fusion_prompts.hpp"
 #include "../support/model_path.hpp"
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
 using namespace kvfuse;
 using kvfuse_test::error_of;
+using kvfuse_test::assemble;
+using kvfuse_test::chunk_tokens;
+using kvfuse_test::kA;
+using kvfuse_test::kB;
+using kvfuse_test::kC;
+using kvfuse_test::kQuery;
+using kvfuse_test::kSystem;
+using kvfuse_test::Prompt;
+using kvfuse_test::TempDir;
 using kvfuse_test::diff;
 using kvfuse_test::max_abs_diff;
 using kvfuse_test::small_llama;
 namespace fs = std::filesystem;
 
-namespace {
-
-std::vector<token_id> chunk_tokens(std::size_t n, std::uint32_t seed) {
-  std::vector<token_id> t(n);
-  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<token_id>((seed * 2654435761u + 31u * i * i + 7u * i) % 96u);
-  return t;
-}
-
-// A prompt [system, passages..., query] from token pieces, with its layout.
-struct Prompt {
-  std::vector<token_id> tokens;
-  PromptLayout layout;
-};
-
-Prompt assemble(const std::vector<std::vector<token_id>>& chunks, const std::vector<token_id>& query) {
-  Prompt p;
-  std::vector<std::int64_t> lengths;
-  for (const auto& c : chunks) {
-    p.tokens.insert(p.tokens.end(), c.begin(), c.end());
-    lengths.push_back(static_cast<std::int64_t>(c.size()));
-  }
-  p.tokens.insert(p.tokens.end(), query.begin(), query.end());
-  p.layout = PromptLayout::from_lengths(lengths, static_cast<std::int64_t>(query.size()));
-  return p;
-}
-
-const std::vector<token_id> kSystem = chunk_tokens(6, 1);
-const std::vector<token_id> kA = chunk_tokens(9, 2);
-const std::vector<token_id> kB = chunk_tokens(11, 3);
-const std::vector<token_id> kC = chunk_tokens(8, 4);
-const std::vector<token_id> kQuery = chunk_tokens(5, 5);
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("kvfuse-fusion-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-}  // namespace
 
 TEST_CASE("method names: defaults are bare, sweep points are name@value, bad names are refused") {
   for (const char* name : {"full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.05",

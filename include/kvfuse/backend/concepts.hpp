@@ -22,6 +22,15 @@
 // A get() may be called from another thread than put(); models must be safe for one reader thread
 // plus one writer thread at a time (the loader's I/O thread and the engine).
 //
+// RangedKVStore — a KVStore that also reads part of an entry (the layer-pipelined loader of FusionPipeline
+// reads one layer of a stored block at a time):
+//   s.describe(key)                        -> std::optional<KVBlockInfo>: the entry's size, token count, first
+//                                             position and version, or nullopt when absent or unusable
+//   s.get_range(key, info, offset, size)   -> std::optional<std::vector<std::byte>>: payload bytes
+//                                             [offset, offset + size) of the entry `info` describes; nullopt
+//                                             when it is gone, was replaced since (another info.version) or
+//                                             fails the store's checks. offset + size <= info.bytes.
+//
 // CostModeledCompute / CostModeledStore — optional refinements for backends that run in virtual time
 // (the simulated backends): instead of taking wall time, an operation reports when it would finish if
 // started at `start_s`. Policies that see these run a deterministic discrete-event schedule.
@@ -32,6 +41,7 @@
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "kvfuse/core/types.hpp"
 
@@ -51,6 +61,13 @@ concept KVStore = requires(S& s, const S& cs, const KVKey& key, KVBlock block) {
   { s.put(key, std::move(block)) } -> std::same_as<void>;
   { s.erase(key) } -> std::convertible_to<bool>;
 };
+
+template <class S>
+concept RangedKVStore =
+    KVStore<S> && requires(S& s, const KVKey& key, const KVBlockInfo& info, std::uint64_t offset) {
+      { s.describe(key) } -> std::same_as<std::optional<KVBlockInfo>>;
+      { s.get_range(key, info, offset, offset) } -> std::same_as<std::optional<std::vector<std::byte>>>;
+    };
 
 template <class B>
 concept CostModeledCompute = ComputeBackend<B> && requires(const B& cb, TokenRange r, double t) {

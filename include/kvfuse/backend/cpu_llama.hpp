@@ -123,6 +123,22 @@ class CpuLlamaSession {
     return model_->greedy_decode(kv, first, max_new_tokens, eos);
   }
 
+  // Greedy decoding one token per call, as a serving loop's steps run it (serve, schedule/serving_loop.hpp): the
+  // first call returns the most likely token after the prompt (the whole prompt must be resident); each later
+  // call appends the token returned last to a copy of the prompt's KV taken at the first call (CpuLlama::extend,
+  // one token's forward pass: a decode step) and returns the most likely token after it. n calls return
+  // generate(n, -1)'s tokens; kv(), logits() and generate() keep seeing the prompt alone.
+  token_id decode_step() {
+    if (!decode_kv_) {
+      const std::span<const float> first = logits();
+      decode_kv_ = kv_;
+      last_decoded_ = argmax_token(first);
+    } else {
+      last_decoded_ = argmax_token(model_->extend(*decode_kv_, std::span<const token_id>(&last_decoded_, 1)));
+    }
+    return last_decoded_;
+  }
+
  private:
   void mark(TokenRange r) {
     for (std::int64_t t = r.begin; t < r.end; ++t) resident_[static_cast<std::size_t>(t)] = true;
@@ -135,13 +151,15 @@ class CpuLlamaSession {
   std::vector<bool> resident_;
   std::int64_t prefix_ = 0;
   std::vector<float> logits_;  // of the last prompt token, once computed
+  std::optional<LlamaKVCache> decode_kv_;  // the prompt's KV and the decoded tokens but the last (decode_step)
+  token_id last_decoded_ = 0;
 };
 
 static_assert(ComputeBackend<CpuLlamaSession>);
 
-// CpuLlama as an engine of the fusion loop (fusion/fusion_backend.hpp): one request's KV in a LlamaKVCache,
-// the per-layer partial prefill of CpuLlama::partial_prefill; and a ComputeBackend for Cake on the same KV
-// (FusionPipeline::run_composed). Not thread-safe; one request at a time (Cake's loader calls compute_kv
+// CpuLlama as an engine of the fusion loop (fusion/fusion_backend.hpp: all three concepts): one request's KV
+// in a LlamaKVCache, the per-layer partial prefill of CpuLlama::partial_prefill, stored KV taken whole or a
+// layer at a time; and a ComputeBackend for Cake on the same KV (run_composed). Not thread-safe; one request at a time (Cake's loader calls compute_kv
 // and install_kv from its calling thread only).
 class CpuLlamaFusion {
  public:
@@ -189,6 +207,29 @@ class CpuLlamaFusion {
 
   void shift_rows(TokenRange r, std::int64_t delta) { model_->rope_shift(kv_, r, delta); }
 
+  // LayerwiseFusionBackend: a block is its layers in order (LlamaKVCache's layout), each K rows then V rows.
+  [[nodiscard]] std::size_t layer_bytes(std::int64_t rows) const {
+    return block_bytes(rows) / static_cast<std::size_t>(model_->config().n_layer);
+  }
+
+  void load_layer_rows(std::int64_t layer, TokenRange r, std::span<const std::byte> bytes, std::int64_t first_position) {
+    validate_range(r, kv_.num_rows(), "CpuLlamaFusion::load_layer_rows");
+    detail::require(layer >= 0 && layer < num_layers() && bytes.size() == layer_bytes(r.size()),
+                    "CpuLlamaFusion::load_layer_rows: {} bytes for layer {} of rows {} (first position {}), expected "
+                    "{} bytes of one of {} layers ({} storage)",
+                    bytes.size(), layer, r, first_position, layer_bytes(r.size()), num_layers(), dtype_name(storage_));
+    const auto values = static_cast<std::size_t>(r.size() * kv_.kv_dim);
+    const std::size_t half = bytes.size() / 2;
+    decode_values(bytes.first(half), kv_.k_row(layer, r.begin), values);
+    decode_values(bytes.subspan(half), kv_.v_row(layer, r.begin), values);
+  }
+
+  void shift_layer_rows(std::int64_t layer, TokenRange r, std::int64_t delta) {
+    model_->rope_shift_layer(kv_, layer, r, delta);
+  }
+
+  void set_layer_hook(LayerHook hook) { hook_ = std::move(hook); }
+
   // ComputeBackend (Cake's compute side, for the stored exact prefix of a request): rows r computed on every
   // layer with rows [0, r.begin) resident; loaded prefix blocks installed at their positions.
   void compute_kv(TokenRange r) {
@@ -203,6 +244,7 @@ class CpuLlamaFusion {
   std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
     PartialPrefillOptions options;
     options.attention_groups = groups;
+    options.before_layer = hook_;
     return model_->partial_prefill(tokens_, kv_, rows, next, options).logits;
   }
 
@@ -231,22 +273,32 @@ class CpuLlamaFusion {
   [[nodiscard]] KVBlock decode(const KVBlock& block) const {
     if (storage_ == DType::f32) return block;
     KVBlock out{block.num_tokens, std::vector<std::byte>(block.bytes.size() / 2 * sizeof(float)), block.first_position};
-    for (std::size_t i = 0; i < block.bytes.size() / 2; ++i) {
-      std::uint16_t bits = 0;
-      std::memcpy(&bits, block.bytes.data() + i * 2, sizeof bits);
-      const float value = storage_ == DType::bf16 ? to_float(bf16{bits}) : to_float(f16{bits});
-      std::memcpy(out.bytes.data() + i * sizeof(float), &value, sizeof value);
-    }
+    decode_values(block.bytes, reinterpret_cast<float*>(out.bytes.data()), block.bytes.size() / 2);
     return out;
+  }
+
+  // `count` values of the storage dtype in `in` as floats at `out`.
+  void decode_values(std::span<const std::byte> in, float* out, std::size_t count) const {
+    if (storage_ == DType::f32) {
+      std::memcpy(out, in.data(), count * sizeof(float));
+      return;
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, in.data() + i * 2, sizeof bits);
+      out[i] = storage_ == DType::bf16 ? to_float(bf16{bits}) : to_float(f16{bits});
+    }
   }
 
   const CpuLlama* model_;
   DType storage_ = DType::f32;
   std::vector<token_id> tokens_;
   LlamaKVCache kv_;
+  LayerHook hook_;
 };
 
 static_assert(FixedSetFusionBackend<CpuLlamaFusion>);
+static_assert(LayerwiseFusionBackend<CpuLlamaFusion>);
 static_assert(PerLayerFusionBackend<CpuLlamaFusion>);
 static_assert(ComputeBackend<CpuLlamaFusion>);
 

@@ -5,18 +5,24 @@
 // InMemoryKVStore with TieredKVStore, backend/tiered_kv_store.hpp). Files are named
 // "<model:016x>-<content:016x>.kvb" after the key.
 //
-// File format, version 1 (integers in host byte order: little-endian on every host kvfuse targets; a
-// big-endian reader sees version 0x01000000 and rejects the file rather than misreading it):
+// File format, version 2 (integers in host byte order: little-endian on every host kvfuse targets; a
+// big-endian reader sees version 0x02000000 and rejects the file rather than misreading it):
 //   offset  0  char[8]  magic "KVFUSEKV"
-//           8  u32      format version (1)
-//          12  u32      reserved, 0
+//           8  u32      format version (2)
+//          12  u32      page size P in bytes (65536): the payload is checksummed page by page
 //          16  u64      key.model
 //          24  u64      key.content
 //          32  i64      num_tokens
 //          40  i64      first_position
-//          48  u64      payload byte count
-//          56  u64      checksum: 64-bit FNV-1a over bytes [0, 56) and then the payload
-//          64  bytes    payload (KVBlock::bytes)
+//          48  u64      payload byte count B
+//          56  u64      header checksum: 64-bit FNV-1a over bytes [0, 56) and then the page table
+//          64  u64[ceil(B / P)]  page table: FNV-1a of each payload page (the last one may be short)
+//   64 + 8 ceil(B / P)  bytes    payload (KVBlock::bytes)
+// Pages make ranged reads checkable (RangedKVStore: get_range reads the header, the page table and only the
+// pages a byte range touches, as the layer-pipelined loader reads one layer of a block); the header checksum
+// doubles as the entry's version (KVBlockInfo::version), so a range read of an entry replaced since
+// describe() fails instead of mixing two entries. Version-1 files (one whole-payload checksum) are rejected
+// as unsupported: a cache miss, recomputed and rewritten.
 //
 // put() writes a temp file in the same directory ("<name>.<pid>-<n>.tmp") and renames it over the entry, so a
 // reader sees the old file or the new one, never a half-written one; failures throw kvfuse::error naming the
@@ -38,6 +44,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -52,6 +59,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -64,9 +72,14 @@ namespace kvfuse {
 namespace detail {
 
 inline constexpr std::string_view kv_file_magic = "KVFUSEKV";
-inline constexpr std::uint32_t kv_file_version = 1;
+inline constexpr std::uint32_t kv_file_version = 2;
+inline constexpr std::uint32_t kv_file_page_bytes = 65536;
 inline constexpr std::size_t kv_file_checksum_offset = 56;
 inline constexpr std::size_t kv_file_header_bytes = 64;
+
+[[nodiscard]] constexpr std::uint64_t kv_file_pages(std::uint64_t payload, std::uint64_t page) noexcept {
+  return payload / page + (payload % page != 0 ? 1 : 0);
+}
 
 using KVFileHeaderBytes = std::array<std::byte, kv_file_header_bytes>;
 
@@ -138,24 +151,52 @@ class DiskKVStore {
 
   // The block, or nullopt when the file is absent or rejected (see the header comment).
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
-    const std::filesystem::path path = path_for(key);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      if (err != ENOENT && err != ENOTDIR) reject(path, nullptr, fmt::format("cannot open: {}", std::strerror(err)));
-      return std::nullopt;
-    }
-    const detail::ScopedFd file(fd);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      reject(path, nullptr, fmt::format("cannot stat: {}", std::strerror(errno)));
-      return std::nullopt;
-    }
-    KVBlock block;
-    const std::string reason = read_entry(fd, st, key, block);
-    if (reason.empty()) return block;
-    reject(path, &st, reason);
-    return std::nullopt;
+    std::optional<KVBlock> out;
+    (void)with_entry(key, [&](int fd, const Entry& e) -> std::string {
+      KVBlock block{e.info.num_tokens, std::vector<std::byte>(static_cast<std::size_t>(e.info.bytes)),
+                    e.info.first_position};
+      if (std::string why = detail::pread_exact(fd, block.bytes, e.payload_offset); !why.empty()) return why;
+      if (std::string why = check_pages(e, 0, block.bytes); !why.empty()) return why;
+      out = std::move(block);
+      return {};
+    });
+    return out;
+  }
+
+  // RangedKVStore: the entry's header (checked: magic, version, key, header checksum), or nullopt when the
+  // file is absent or rejected. No payload byte is read.
+  [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key) {
+    std::optional<KVBlockInfo> out;
+    (void)with_entry(key, [&](int, const Entry& e) -> std::string {
+      out = e.info;
+      return {};
+    });
+    return out;
+  }
+
+  // RangedKVStore: payload bytes [offset, offset + size) of the entry `info` described. Reads the header, the
+  // page table and the pages the range touches, and checks them; nullopt when the file is absent, was replaced
+  // since describe() (another version: not a rejection), or fails a check (rejected as get() would).
+  [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
+                                                                std::uint64_t offset, std::uint64_t size) {
+    detail::require(offset <= info.bytes && size <= info.bytes - offset,
+                    "DiskKVStore::get_range: bytes [{}, {}) of a {}-byte entry", offset, offset + size, info.bytes);
+    std::optional<std::vector<std::byte>> out;
+    const bool same = with_entry(key, [&](int fd, const Entry& e) -> std::string {
+      if (e.info.version != info.version) return {};  // replaced since describe(): a miss, the file is fine
+      const std::uint64_t page = e.page_bytes;
+      const std::uint64_t first = offset / page;
+      const std::uint64_t last = size == 0 ? first : (offset + size - 1) / page + 1;  // pages [first, last)
+      const std::uint64_t begin = first * page;
+      std::vector<std::byte> pages(static_cast<std::size_t>(std::min(last * page, e.info.bytes) - begin));
+      if (std::string why = detail::pread_exact(fd, pages, e.payload_offset + begin); !why.empty()) return why;
+      if (std::string why = check_pages(e, first, pages); !why.empty()) return why;
+      const auto skip = static_cast<std::ptrdiff_t>(offset - begin);
+      out.emplace(pages.begin() + skip, pages.begin() + skip + static_cast<std::ptrdiff_t>(size));
+      return {};
+    });
+    if (!same) return std::nullopt;
+    return out;
   }
 
   // Writes the block atomically (temp file + rename), replacing any entry of the key. Throws kvfuse::error
@@ -209,14 +250,21 @@ class DiskKVStore {
     detail::KVFileHeaderBytes header{};
     std::memcpy(header.data(), detail::kv_file_magic.data(), detail::kv_file_magic.size());
     detail::kv_file_store<std::uint32_t>(header, 8, detail::kv_file_version);
-    detail::kv_file_store<std::uint32_t>(header, 12, 0);
+    detail::kv_file_store<std::uint32_t>(header, 12, detail::kv_file_page_bytes);
     detail::kv_file_store<std::uint64_t>(header, 16, key.model);
     detail::kv_file_store<std::uint64_t>(header, 24, key.content);
     detail::kv_file_store<std::int64_t>(header, 32, block.num_tokens);
     detail::kv_file_store<std::int64_t>(header, 40, block.first_position);
     detail::kv_file_store<std::uint64_t>(header, 48, block.bytes.size());
-    const std::uint64_t checksum = fnv1a(
-        block.bytes, fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
+    const std::span<const std::byte> payload(block.bytes);
+    std::vector<std::uint64_t> table(
+        static_cast<std::size_t>(detail::kv_file_pages(payload.size(), detail::kv_file_page_bytes)));
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      const std::size_t at = i * detail::kv_file_page_bytes;
+      table[i] = fnv1a(payload.subspan(at, std::min<std::size_t>(detail::kv_file_page_bytes, payload.size() - at)));
+    }
+    const std::uint64_t checksum =
+        fnv1a(std::as_bytes(std::span(table)), fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
     detail::kv_file_store<std::uint64_t>(header, detail::kv_file_checksum_offset, checksum);
 
     errno = 0;
@@ -226,6 +274,7 @@ class DiskKVStore {
                               temp.string(), errno_reason()));
     }
     out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char*>(table.data()), static_cast<std::streamsize>(table.size() * sizeof(std::uint64_t)));
     if (!block.bytes.empty()) {
       out.write(reinterpret_cast<const char*>(block.bytes.data()), static_cast<std::streamsize>(block.bytes.size()));
     }
@@ -233,7 +282,8 @@ class DiskKVStore {
     if (out.good()) out.close();
     if (!out.good()) {
       throw error(fmt::format("DiskKVStore: cannot store '{}': writing temp file '{}' ({} bytes) failed: {}",
-                              path.string(), temp.string(), header.size() + block.bytes.size(), errno_reason()));
+                              path.string(), temp.string(),
+                              header.size() + table.size() * sizeof(std::uint64_t) + block.bytes.size(), errno_reason()));
     }
   }
 
@@ -241,8 +291,42 @@ class DiskKVStore {
     return errno != 0 ? std::string(std::strerror(errno)) : std::string("stream error");
   }
 
-  // Reads and validates the open entry into `block`; returns an empty string, or why it is rejected.
-  [[nodiscard]] static std::string read_entry(int fd, const struct stat& st, const KVKey& key, KVBlock& block) {
+  // A checked header and page table of an open entry.
+  struct Entry {
+    KVBlockInfo info;
+    std::uint64_t page_bytes = 0;
+    std::uint64_t payload_offset = 0;
+    std::vector<std::uint64_t> pages;  // FNV-1a of each payload page
+  };
+
+  // Opens the key's file and runs `use(fd, entry)` on its checked header; a reason `use` returns rejects the
+  // file like a bad header. Returns false when the file is absent or rejected.
+  template <class Use>
+  bool with_entry(const KVKey& key, Use&& use) {
+    const std::filesystem::path path = path_for(key);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      if (err != ENOENT && err != ENOTDIR) reject(path, nullptr, fmt::format("cannot open: {}", std::strerror(err)));
+      return false;
+    }
+    const detail::ScopedFd file(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      reject(path, nullptr, fmt::format("cannot stat: {}", std::strerror(errno)));
+      return false;
+    }
+    Entry entry;
+    std::string reason = read_header(fd, st, key, entry);
+    if (reason.empty()) reason = use(fd, entry);
+    if (reason.empty()) return true;
+    reject(path, &st, reason);
+    return false;
+  }
+
+  // Reads and validates the header and page table of the open entry; returns an empty string, or why it is
+  // rejected.
+  [[nodiscard]] static std::string read_header(int fd, const struct stat& st, const KVKey& key, Entry& entry) {
     if (!S_ISREG(st.st_mode)) return "not a regular file";
     const auto file_size = static_cast<std::uint64_t>(st.st_size);
     if (file_size < detail::kv_file_header_bytes) {
@@ -257,29 +341,53 @@ class DiskKVStore {
     if (const auto version = detail::kv_file_load<std::uint32_t>(header, 8); version != detail::kv_file_version) {
       return fmt::format("unsupported format version {} (this reader knows {})", version, detail::kv_file_version);
     }
+    entry.page_bytes = detail::kv_file_load<std::uint32_t>(header, 12);
+    if (entry.page_bytes == 0) return "page size 0";
     const auto payload_bytes = detail::kv_file_load<std::uint64_t>(header, 48);
-    if (payload_bytes != file_size - detail::kv_file_header_bytes) {
-      return fmt::format("payload size {} does not match file size {} (expected {} + {} header bytes)",
-                         payload_bytes, file_size, payload_bytes, detail::kv_file_header_bytes);
+    const std::uint64_t pages = detail::kv_file_pages(payload_bytes, entry.page_bytes);
+    entry.payload_offset = detail::kv_file_header_bytes + pages * sizeof(std::uint64_t);
+    if (payload_bytes > file_size || pages > file_size / sizeof(std::uint64_t) ||
+        entry.payload_offset + payload_bytes != file_size) {
+      return fmt::format("payload size {} does not match file size {} (expected {} + {} header and page-table bytes)",
+                         payload_bytes, file_size, payload_bytes, entry.payload_offset);
     }
-    block.num_tokens = detail::kv_file_load<std::int64_t>(header, 32);
-    if (block.num_tokens < 0) return fmt::format("num_tokens = {} is negative", block.num_tokens);
-    block.first_position = detail::kv_file_load<std::int64_t>(header, 40);
-    block.bytes.resize(static_cast<std::size_t>(payload_bytes));
-    if (std::string why = detail::pread_exact(fd, block.bytes, detail::kv_file_header_bytes); !why.empty()) {
+    entry.pages.resize(static_cast<std::size_t>(pages));
+    if (std::string why = detail::pread_exact(fd, std::as_writable_bytes(std::span(entry.pages)),
+                                              detail::kv_file_header_bytes);
+        !why.empty()) {
       return why;
     }
     const auto stored = detail::kv_file_load<std::uint64_t>(header, detail::kv_file_checksum_offset);
-    const std::uint64_t computed = fnv1a(
-        block.bytes, fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
+    const std::uint64_t computed = fnv1a(std::as_bytes(std::span(entry.pages)),
+                                         fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
     if (stored != computed) {
-      return fmt::format("checksum mismatch: stored 0x{:016x}, computed 0x{:016x}", stored, computed);
+      return fmt::format("header checksum mismatch: stored 0x{:016x}, computed 0x{:016x}", stored, computed);
     }
     if (const auto model = detail::kv_file_load<std::uint64_t>(header, 16); model != key.model) {
       return fmt::format("foreign entry: model 0x{:016x} but key wants 0x{:016x}", model, key.model);
     }
     if (const auto content = detail::kv_file_load<std::uint64_t>(header, 24); content != key.content) {
       return fmt::format("foreign entry: content 0x{:016x} but key wants 0x{:016x}", content, key.content);
+    }
+    entry.info.num_tokens = detail::kv_file_load<std::int64_t>(header, 32);
+    if (entry.info.num_tokens < 0) return fmt::format("num_tokens = {} is negative", entry.info.num_tokens);
+    entry.info.first_position = detail::kv_file_load<std::int64_t>(header, 40);
+    entry.info.bytes = payload_bytes;
+    entry.info.version = stored;
+    return {};
+  }
+
+  // Checks payload pages [first, first + n) read into `bytes` (whole pages; the entry's last page may be short)
+  // against the page table; returns an empty string, or why they fail.
+  [[nodiscard]] static std::string check_pages(const Entry& e, std::uint64_t first, std::span<const std::byte> bytes) {
+    for (std::size_t at = 0; at < bytes.size(); at += static_cast<std::size_t>(e.page_bytes)) {
+      const std::uint64_t page = first + at / e.page_bytes;
+      const std::uint64_t computed =
+          fnv1a(bytes.subspan(at, std::min<std::size_t>(static_cast<std::size_t>(e.page_bytes), bytes.size() - at)));
+      if (computed != e.pages[static_cast<std::size_t>(page)]) {
+        return fmt::format("checksum mismatch in payload page {} (bytes {} ..): stored 0x{:016x}, computed 0x{:016x}",
+                           page, page * e.page_bytes, e.pages[static_cast<std::size_t>(page)], computed);
+      }
     }
     return {};
   }
@@ -314,6 +422,6 @@ class DiskKVStore {
   std::string last_rejection_;
 };
 
-static_assert(KVStore<DiskKVStore>);
+static_assert(RangedKVStore<DiskKVStore>);
 
 }  // namespace kvfuse

@@ -1,13 +1,17 @@
 #pragma once
-// InMemoryKVStore: a thread-safe KVStore in host memory. The default store for tests, examples and
-// engines that keep chunk caches in DRAM.
+// InMemoryKVStore: a thread-safe KVStore in host memory (also a RangedKVStore: describe / get_range copy part
+// of an entry, as the layer-pipelined loader reads a layer). The default store for tests, examples and engines
+// that keep chunk caches in DRAM. An entry's version is the number of its put (a store-wide counter).
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/core/error.hpp"
 
 namespace kvfuse {
 
@@ -21,22 +25,37 @@ class InMemoryKVStore {
     std::lock_guard lock(mutex_);
     auto it = map_.find(key);
     if (it == map_.end()) return std::nullopt;
-    return it->second;
+    return it->second.block;
+  }
+  [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key) const {
+    std::lock_guard lock(mutex_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return std::nullopt;
+    const KVBlock& b = it->second.block;
+    return KVBlockInfo{b.num_tokens, b.first_position, b.bytes.size(), it->second.version};
+  }
+  [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
+                                                                std::uint64_t offset, std::uint64_t size) const {
+    detail::require(offset <= info.bytes && size <= info.bytes - offset,
+                    "InMemoryKVStore::get_range: bytes [{}, {}) of a {}-byte entry", offset, offset + size, info.bytes);
+    std::lock_guard lock(mutex_);
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.version != info.version) return std::nullopt;
+    const auto begin = it->second.block.bytes.begin() + static_cast<std::ptrdiff_t>(offset);
+    return std::vector<std::byte>(begin, begin + static_cast<std::ptrdiff_t>(size));
   }
   void put(const KVKey& key, KVBlock block) {
     std::lock_guard lock(mutex_);
     bytes_ += static_cast<std::int64_t>(block.bytes.size());
-    auto [it, inserted] = map_.try_emplace(key, std::move(block));
-    if (!inserted) {
-      bytes_ -= static_cast<std::int64_t>(it->second.bytes.size());
-      it->second = std::move(block);
-    }
+    Entry& entry = map_[key];
+    bytes_ -= static_cast<std::int64_t>(entry.block.bytes.size());
+    entry = Entry{std::move(block), ++puts_};
   }
   bool erase(const KVKey& key) {
     std::lock_guard lock(mutex_);
     auto it = map_.find(key);
     if (it == map_.end()) return false;
-    bytes_ -= static_cast<std::int64_t>(it->second.bytes.size());
+    bytes_ -= static_cast<std::int64_t>(it->second.block.bytes.size());
     map_.erase(it);
     return true;
   }
@@ -56,11 +75,16 @@ class InMemoryKVStore {
   }
 
  private:
+  struct Entry {
+    KVBlock block;
+    std::uint64_t version = 0;
+  };
   mutable std::mutex mutex_;
-  std::unordered_map<KVKey, KVBlock, KVKeyHash> map_;
+  std::unordered_map<KVKey, Entry, KVKeyHash> map_;
+  std::uint64_t puts_ = 0;
   std::int64_t bytes_ = 0;
 };
 
-static_assert(KVStore<InMemoryKVStore>);
+static_assert(RangedKVStore<InMemoryKVStore>);
 
 }  // namespace kvfuse

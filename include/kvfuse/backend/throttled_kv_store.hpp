@@ -6,7 +6,8 @@
 // shared: the bytes of concurrent gets queue on one token bucket (the link is busy until every byte sent so
 // far has drained), so two threads loading at once each see half the bandwidth. contains() and erase() are
 // index operations and put() writes are not throttled: the link models the read path a loader waits on.
-// A get that finds nothing costs the latency only.
+// A get that finds nothing costs the latency only. Over a RangedKVStore it is one too: describe() costs the
+// latency, get_range() the latency and its bytes, on the same link.
 //
 // It also measures what it served (LinkStats: bytes returned, seconds spent in get, gets), so a loading
 // controller can be fed the tier's measured throughput rather than its nominal one.
@@ -17,11 +18,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
@@ -42,9 +45,9 @@ struct LinkConfig {
 
 // What a ThrottledKVStore served.
 struct LinkStats {
-  std::int64_t gets = 0;
-  std::int64_t bytes = 0;     // payload bytes returned by get
-  double get_seconds = 0.0;   // wall time spent inside get, summed over calls
+  std::int64_t gets = 0;      // reads: get, describe, get_range
+  std::int64_t bytes = 0;     // payload bytes they returned
+  double get_seconds = 0.0;   // wall time spent inside them, summed over calls
 
   // Bytes per second the link delivered, as the loaders saw it; 0 before any byte.
   [[nodiscard]] double bytes_per_s() const noexcept { return get_seconds > 0 ? static_cast<double>(bytes) / get_seconds : 0.0; }
@@ -60,10 +63,41 @@ class ThrottledKVStore {
   [[nodiscard]] bool contains(const KVKey& key) const { return inner_->contains(key); }
 
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
+    return over_link([&] { return inner_->get(key); },
+                     [](const std::optional<KVBlock>& b) { return b ? b->bytes.size() : std::size_t{0}; });
+  }
+
+  [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key)
+    requires RangedKVStore<Inner>
+  {
+    return over_link([&] { return inner_->describe(key); }, [](const auto&) { return std::size_t{0}; });
+  }
+
+  [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
+                                                                std::uint64_t offset, std::uint64_t size)
+    requires RangedKVStore<Inner>
+  {
+    return over_link([&] { return inner_->get_range(key, info, offset, size); },
+                     [](const std::optional<std::vector<std::byte>>& b) { return b ? b->size() : std::size_t{0}; });
+  }
+
+  void put(const KVKey& key, KVBlock block) { inner_->put(key, std::move(block)); }
+  bool erase(const KVKey& key) { return inner_->erase(key); }
+
+  [[nodiscard]] LinkStats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  // Runs `read` on `inner`, then holds its result until the link has carried bytes_of(result) behind the bytes
+  // of earlier reads (token bucket) plus the latency, and counts it in the statistics.
+  template <class Read, class Bytes>
+  auto over_link(Read&& read, Bytes&& bytes_of) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
-    std::optional<KVBlock> block = inner_->get(key);
-    const auto bytes = block ? static_cast<std::int64_t>(block->bytes.size()) : std::int64_t{0};
+    auto result = read();
+    const auto bytes = static_cast<std::int64_t>(bytes_of(result));
     clock::time_point ready;
     {
       std::lock_guard lock(mutex_);
@@ -79,18 +113,9 @@ class ThrottledKVStore {
     ++stats_.gets;
     stats_.bytes += bytes;
     stats_.get_seconds += seconds;
-    return block;
+    return result;
   }
 
-  void put(const KVKey& key, KVBlock block) { inner_->put(key, std::move(block)); }
-  bool erase(const KVKey& key) { return inner_->erase(key); }
-
-  [[nodiscard]] LinkStats stats() const {
-    std::lock_guard lock(mutex_);
-    return stats_;
-  }
-
- private:
   [[nodiscard]] std::chrono::steady_clock::duration transfer_time(std::int64_t bytes) const {
     if (link_.megabytes_per_s <= 0.0 || bytes == 0) return {};
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -104,6 +129,6 @@ class ThrottledKVStore {
   LinkStats stats_;
 };
 
-static_assert(KVStore<ThrottledKVStore<InMemoryKVStore>>);
+static_assert(RangedKVStore<ThrottledKVStore<InMemoryKVStore>>);
 
 }  // namespace kvfuse

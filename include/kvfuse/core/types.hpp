@@ -72,6 +72,14 @@ struct KVBlock {
   std::int64_t first_position = 0;
 };
 
+// An entry of a ranged store as describe() sees it, before any payload byte is read (RangedKVStore).
+struct KVBlockInfo {
+  std::int64_t num_tokens = 0;
+  std::int64_t first_position = 0;
+  std::uint64_t bytes = 0;    // payload size: KVBlock::bytes.size()
+  std::uint64_t version = 0;  // identifies this entry's contents: ranged reads of a replaced entry fail
+};
+
 // Content hash of token ids: fnv1a (core/hash.hpp) over each id's 4 bytes, least significant first, so the
 // key does not depend on the host's byte order. Chained: hash_tokens(tokens, seed) continues from `seed`.
 // Chunk keys use seed = kFnvOffset; prefix keys chain chunk by chunk so key j covers tokens [0, end_j).

@@ -32,6 +32,22 @@
 //                                    row of S_l against the KV it had before, attention statistics over
 //                                    `groups` when groups != nullptr}) and computes S_{l+1} = its result on
 //                                    layer l + 1. An empty `next` keeps S_l.
+//
+// LayerwiseFusionBackend — a refinement for engines that take stored KV one layer at a time, so that reading
+// layers l + 1 .. l + L_p of the chunk caches overlaps computing layer l (FusionPipeline's layer-pipelined
+// loading: Cache-Craft §3.4.2, Algorithm 2; CacheBlend §5's pipelining of loading with recompute):
+//   cb.layer_bytes(n)                     -> size_t: bytes of one layer of a KVBlock of n rows. A block is its
+//                                            layers 0 .. L − 1 in order: block_bytes(n) == L · layer_bytes(n)
+//   b.load_layer_rows(l, r, bytes, first) -> void: layer l of stored KV for prompt rows r (`bytes`: that layer's
+//                                            part of a block rotated at positions first + (0 .. r.size() − 1));
+//                                            the rows already sit at this prompt's positions (row t at t), only
+//                                            their layer-l K and V change
+//   b.shift_layer_rows(l, r, delta)       -> void: RoPE-shift the K of rows r on layer l by delta
+//   b.set_layer_hook(hook)                -> void: from now on every prefill calls hook(l) before it reads layer
+//                                            l's KV (LayerHook, layer_protocol.hpp); an empty hook removes it
+// The pipeline sets the hook for one prefill and removes it after; it calls load_layer_rows / shift_layer_rows
+// from inside the hook, on the engine's thread.
+//
 // A method that needs the refinement is refused for a backend without it: at compile time when the method's
 // type is static (FusionPipeline::run with CacheBlend), with a named error when it arrives in a FusionMethod.
 
@@ -40,6 +56,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvfuse/core/prompt.hpp"
@@ -69,6 +86,16 @@ concept PerLayerFusionBackend =
     FixedSetFusionBackend<B> &&
     requires(B& b, const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
       { b.prefill(rows, next, groups) } -> std::same_as<std::vector<float>>;
+    };
+
+template <class B>
+concept LayerwiseFusionBackend =
+    FixedSetFusionBackend<B> && requires(B& b, const B& cb, std::int64_t n, TokenRange r,
+                                         std::span<const std::byte> bytes, LayerHook hook) {
+      { cb.layer_bytes(n) } -> std::convertible_to<std::size_t>;
+      { b.load_layer_rows(n, r, bytes, n) } -> std::same_as<void>;
+      { b.shift_layer_rows(n, r, n) } -> std::same_as<void>;
+      { b.set_layer_hook(std::move(hook)) } -> std::same_as<void>;
     };
 
 // Whether every instance of method type M needs per-layer feedback (compile-time refusal for fixed-set

@@ -22,8 +22,10 @@
 // chunk caches are kept from earlier prompts with their attention statistics.
 //
 // Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft" for the
-// default settings (r = 0.15, k = 16, alpha = 1) and "name@value" otherwise; parse_method() reads both.
+// default settings (r = 0.15, k = 16, alpha = 1) and "name@value" otherwise ("cacheblend@auto": the loading
+// controller picks r); parse_method() reads both.
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -54,6 +56,10 @@ struct CacheBlend {
   // The engine computes the deviation of this tensor on check layers and HKVDSelector ranks it. CacheBlend's
   // reference implementation ranks by V (the default).
   KVTensor rank_by = KVTensor::value;
+  // CacheBlend §5.1's loading controller picks r per request: max(r*, the ratio whose recompute takes as long as
+  // loading a layer), with r* = config.recompute_ratio and the load and compute speeds FusionPipeline measured
+  // on its previous layer-pipelined run (r* until one was measured). Name: "cacheblend@auto".
+  bool loading_controller = false;
 };
 struct AttnLink {
   AttnLinkConfig config{};
@@ -80,6 +86,15 @@ namespace detail {
 
 }  // namespace detail
 
+// CacheBlend with recompute ratio r; gradual filtering keeps its margins above r, capped so the schedule stays
+// non-increasing up to 1.
+[[nodiscard]] inline CacheBlend with_recompute_ratio(CacheBlend c, double r) {
+  c.config.recompute_ratio = r;
+  for (double& margin : c.config.ratio_margins) margin = std::min(margin, 1.0 - r);
+  c.config.validate();
+  return c;
+}
+
 // "cacheblend" / "cacheblend@0.05", ... (see the header comment).
 [[nodiscard]] inline std::string method_name(const FusionMethod& m) {
   struct Visitor {
@@ -87,6 +102,7 @@ namespace detail {
     std::string operator()(const PrefixCaching&) const { return "prefix"; }
     std::string operator()(const NaiveReuse&) const { return "naive"; }
     std::string operator()(const CacheBlend& c) const {
+      if (c.loading_controller) return "cacheblend@auto";
       return c.config.recompute_ratio == HKVDConfig{}.recompute_ratio
                  ? "cacheblend"
                  : "cacheblend@" + detail::format_setting(c.config.recompute_ratio);
@@ -102,7 +118,7 @@ namespace detail {
   return std::visit(Visitor{}, m);
 }
 
-// Reads a method name: full, prefix, naive, cacheblend[@r], attnlink[@k], cachecraft[@alpha][-nofocus].
+// Reads a method name: full, prefix, naive, cacheblend[@r|@auto], attnlink[@k], cachecraft[@alpha][-nofocus].
 [[nodiscard]] inline FusionMethod parse_method(std::string_view text) {
   const std::size_t at = text.find('@');
   std::string_view name = text.substr(0, at);
@@ -116,12 +132,11 @@ namespace detail {
   if (name == "naive") return no_setting(), FusionMethod{NaiveReuse{}};
   if (name == "cacheblend") {
     CacheBlend c;
-    if (!setting.empty()) c.config.recompute_ratio = detail::parse_setting(text, setting);
-    // Gradual filtering keeps its margins above r, capped so the schedule stays non-increasing up to 1.
-    for (double& margin : c.config.ratio_margins)
-      margin = std::min(margin, 1.0 - c.config.recompute_ratio);
-    c.config.validate();
-    return c;
+    if (setting == "auto") {
+      c.loading_controller = true;
+      return c;
+    }
+    return with_recompute_ratio(c, setting.empty() ? c.config.recompute_ratio : detail::parse_setting(text, setting));
   }
   if (name == "attnlink") {
     AttnLink a;

@@ -19,6 +19,18 @@
 //                                       (layer_schedule) -> logits, with the time of each step; the prompt's KV
 //                                       stays in the engine
 //
+// Layer-pipelined loading (LoadConfig::layerwise, on by default): when the engine models LayerwiseFusionBackend
+// and the store RangedKVStore, run() checks each planned entry's header (describe), then an I/O thread reads
+// the entries one layer at a time (get_range) while the engine computes: layers 0 .. L_p − 1 before layer 0
+// computes, then layer j once layer j − L_p − 1 is done, so at most L_p + 1 layers are buffered (Cache-Craft
+// §3.4.2, Algorithm 2). L_p is eq. 16 (PreloadPlanner) on the load and compute times per layer measured on
+// this pipeline's previous layer-pipelined run, scaled to this plan's bytes and rows (1 before any run;
+// LoadConfig::preload_depth fixes it). The engine's per-layer hook waits for layer l, installs and shifts it,
+// and the trace (FusionResult::load) records per layer the read, the wait, the install and the compute. The
+// bytes installed are those of a whole-block load, so the result is the same bit for bit. A layer read that
+// fails or times out (LoadConfig::layer_timeout_ms) stops the prefill; its chunk is handled as an unusable
+// entry (below) and the prefill runs again, so the request still completes by compute.
+//
 // Store entries are never trusted blindly: a block that is missing, has the wrong size or token count, or was
 // rotated at other positions than recorded is not used. An isolated chunk cache is then recomputed (and put
 // back); a prefix or variant entry turns its chunk into `compute` (recomputed in full, on every layer). The
@@ -31,7 +43,10 @@
 #include <cstdint>
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <thread>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -46,9 +61,12 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/detail/layer_pipe.hpp"
 #include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/fusion/layer_schedule.hpp"
+#include "kvfuse/schedule/loading_controller.hpp"
+#include "kvfuse/schedule/preload_planner.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
 #include "kvfuse/select/cci_scorer.hpp"
 #include "kvfuse/select/focused_chunk_detector.hpp"
@@ -81,7 +99,9 @@ enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3 };
 // Content id of a chunk (Cache-Craft's chunk hash, VariantCache's key).
 [[nodiscard]] inline std::uint64_t chunk_content_id(std::span<const token_id> chunk) { return hash_tokens(chunk); }
 
-// Online time of one run, split by step; ttft_ms() is their sum.
+// Online time of one run, split by step; ttft_ms() is their sum. With layer-pipelined loading the layer reads,
+// installs and shifts happen during the prefill: load_ms is then the entries' headers (describe) and
+// prefill_ms includes what the per-layer trace (FusionResult::load) splits out.
 struct FusionTimings {
   double plan_ms = 0.0;           // hash the chunks, look up the store's index and Cache-Craft's variants
   double load_ms = 0.0;           // bring stored chunk KV in (store get, checks, copy into the prompt's KV)
@@ -91,6 +111,58 @@ struct FusionTimings {
 
   [[nodiscard]] double ttft_ms() const noexcept {
     return plan_ms + load_ms + shift_ms + chunk_compute_ms + prefill_ms;
+  }
+};
+
+// How FusionPipeline brings stored chunk KV in.
+struct LoadConfig {
+  // Layer-pipelined loading (see the header comment); needs a LayerwiseFusionBackend and a RangedKVStore, and
+  // is off for other pairs. false: every block whole before layer 0.
+  bool layerwise = true;
+  // L_p, the layers read before layer 0 computes (Cache-Craft eq. 16). 0: from PreloadPlanner on measured times.
+  std::int64_t preload_depth = 0;
+  // A layer that has not arrived this long after the engine asked for it fails the entry being read (it is
+  // computed instead). 0: wait as long as the store takes.
+  double layer_timeout_ms = 0.0;
+
+  void validate() const {
+    detail::require(preload_depth >= 0, "LoadConfig: preload_depth = {} must be >= 0", preload_depth);
+    detail::require_finite_nonneg(layer_timeout_ms, "LoadConfig: layer_timeout_ms");
+  }
+};
+
+// One layer of a layer-pipelined prefill. Times in ms.
+struct LayerLoadTiming {
+  double read_ms = 0.0;     // I/O thread: reading this layer of every entry (store time)
+  double wait_ms = 0.0;     // engine thread: waiting for it in the hook, i.e. load time visible in TTFT
+  double install_ms = 0.0;  // engine thread: load_layer_rows and shift_layer_rows
+  double compute_ms = 0.0;  // engine thread: the layer's compute (hook to next hook, without the policy)
+  double policy_ms = 0.0;   // engine thread: the method's policy choosing S_{l+1} after this layer
+
+  // Read time hidden behind compute.
+  [[nodiscard]] double hidden_ms() const noexcept { return read_ms > wait_ms ? read_ms - wait_ms : 0.0; }
+};
+
+// What the loading of one run did.
+struct LoadTrace {
+  bool layerwise = false;                 // layer-pipelined loading ran (some entry was read per layer)
+  std::int64_t depth = 0;                 // L_p used
+  bool depth_from_measurement = false;    // L_p from PreloadPlanner on measured times (else configured, or 1)
+  double estimated_load_ms_per_layer = 0.0;     // eq. 16's T_load, when measured
+  double estimated_compute_ms_per_layer = 0.0;  // eq. 16's T_prefill, when measured
+  std::int64_t restarts = 0;              // prefills run again after a layer read failed or timed out
+  std::vector<std::string> failures;      // why, one per failed entry
+  std::vector<LayerLoadTiming> layers;    // of the prefill that produced the result
+
+  [[nodiscard]] double wait_ms() const noexcept {
+    double t = 0.0;
+    for (const LayerLoadTiming& l : layers) t += l.wait_ms;
+    return t;
+  }
+  [[nodiscard]] double read_ms() const noexcept {
+    double t = 0.0;
+    for (const LayerLoadTiming& l : layers) t += l.read_ms;
+    return t;
   }
 };
 
@@ -104,13 +176,25 @@ struct FusionResult {
   // Cache-Craft with focus termination, once Algorithm 1 decided: L* and F* as layout chunk indices among the
   // candidate chunks (variants with tokens to fix); other chunks are not subject to early termination.
   std::optional<FocusDecision> focus;
+  LoadTrace load;
+  // CacheBlend with its loading controller (cacheblend@auto), once speeds were measured: CacheBlend §5.1's
+  // decision for this request (the ratio the run used is decision.ratio).
+  std::optional<RatioDecision> controller;
 };
 
 template <FixedSetFusionBackend Backend, KVStore Store>
 class FusionPipeline {
  public:
-  FusionPipeline(Backend& backend, Store& store, VariantCacheConfig variants = {})
-      : backend_(&backend), store_(&store), variants_(variants) {}
+  FusionPipeline(Backend& backend, Store& store, VariantCacheConfig variants = {}, LoadConfig load = {})
+      : backend_(&backend), store_(&store), variants_(variants), load_(load) {
+    load_.validate();
+  }
+
+  [[nodiscard]] const LoadConfig& load_config() const noexcept { return load_; }
+  void set_load_config(LoadConfig load) {
+    load.validate();
+    load_ = load;
+  }
 
   [[nodiscard]] Backend& backend() const noexcept { return *backend_; }
   [[nodiscard]] VariantCache& variants() noexcept { return variants_; }
@@ -268,7 +352,7 @@ class FusionPipeline {
     const auto n = static_cast<std::int64_t>(tokens.size());
     const std::int64_t num_layers = backend_->num_layers();
     if (std::holds_alternative<CacheCraft>(method)) drop_stale_variants();
-    auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
     out.plan = make_plan(tokens, layout, method);
     FusionPlan& plan = out.plan;
     for (ChunkPlan& c : plan.chunks)
@@ -276,70 +360,320 @@ class FusionPipeline {
     if (exact_prefix > 0) finish_plan(plan, method, exact_prefix);
     for (const ChunkPlan& c : plan.chunks)  // the run uses the planned variants: f_r += 1/CFO (section 3.3)
       if (c.source == KVSource::variant) variants_.record_use(c.variant_id, c.cfo);
+    const FusionMethod chosen = control(method, plan, out);
     out.time.plan_ms = detail::ms_since(t0);
 
-    // Bring the planned KV in and move it to this prompt's positions.
+    bool pipelined = false;
+    if constexpr (LayerwiseFusionBackend<Backend> && RangedKVStore<Store>) {
+      if (load_.layerwise) {
+        fuse_layerwise(tokens, chosen, exact_prefix, out);
+        pipelined = true;
+      }
+    }
+    if (!pipelined) {
+      load_whole(tokens, chosen, exact_prefix, out);
+      const auto t1 = std::chrono::steady_clock::now();
+      out.logits = prefill(plan, chosen, out, nullptr);
+      out.time.prefill_ms = detail::ms_since(t1);
+    }
+    std::int64_t total = 0;
+    for (std::int64_t sel : out.selected_per_layer) total += sel;
+    out.recompute_fraction = static_cast<double>(total) / (static_cast<double>(num_layers) * static_cast<double>(n));
+  }
+
+  // CacheBlend §5.1: with the loading controller on and speeds measured, the ratio whose recompute of a layer
+  // takes as long as loading it (never below r*), from this plan's loaded tokens and the measured speeds.
+  FusionMethod control(const FusionMethod& method, const FusionPlan& plan, FusionResult& out) const {
+    const auto* blend = std::get_if<CacheBlend>(&method);
+    if (blend == nullptr || !blend->loading_controller || !measured_.valid) return method;
+    const std::int64_t num_layers = backend_->num_layers();
+    LoadingRequest request;
+    for (const ChunkPlan& c : plan.chunks)
+      if (c.source != KVSource::compute) request.context_tokens += c.range.size();
+    request.num_layers = static_cast<int>(num_layers);
+    request.kv_bytes_per_token_per_layer =
+        static_cast<double>(backend_->block_bytes(1)) / static_cast<double>(num_layers);
+    request.prefill_seconds_per_layer =  // Prefill(LLM, L) of one layer: every row of the prompt
+        measured_.compute_ms_per_row * static_cast<double>(plan.layout.num_tokens()) / 1e3;
+    const StorageDevice device{"store", 0.0, 1e3 / measured_.load_ms_per_byte, 0.0};
+    out.controller = LoadingController({blend->config.recompute_ratio}).choose_ratio(request, device);
+    CacheBlend chosen = with_recompute_ratio(*blend, out.controller->ratio);
+    chosen.loading_controller = false;
+    return chosen;
+  }
+
+  // The chunks whose stored KV the plan loads: not computed, not inside the exact prefix.
+  static bool loads(const ChunkPlan& c, std::int64_t exact_prefix) {
+    return c.source != KVSource::compute && c.range.end > exact_prefix;
+  }
+
+  // A planned entry that is missing or unusable (or whose read failed): an isolated chunk cache is recomputed
+  // and put back, and returned to be loaded; a prefix or variant chunk is computed instead, and so is every
+  // prefix chunk after a broken one (a prefix entry is only exact behind the entries before it).
+  std::optional<KVBlock> reject_entry(ChunkPlan& c, std::span<const token_id> tokens, FusionResult& out,
+                                      bool& prefix_broken) {
+    ++out.rejected_entries;
+    if (c.source == KVSource::isolated) {
+      const auto t0 = std::chrono::steady_clock::now();
+      KVBlock block = backend_->chunk_kv(slice(tokens, c.range), 0);
+      c.stored_first_position = 0;
+      store_->put(c.key, block);
+      out.time.chunk_compute_ms += detail::ms_since(t0);
+      return block;
+    }
+    prefix_broken = prefix_broken || c.source == KVSource::prefix;
+    c.source = KVSource::compute;
+    c.recompute.clear();
+    return std::nullopt;
+  }
+
+  // A whole block into the engine at this prompt's positions.
+  void install(const ChunkPlan& c, const KVBlock& block, FusionResult& out) {
+    auto t0 = std::chrono::steady_clock::now();
+    backend_->load_rows(c.range, block);
+    out.time.load_ms += detail::ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    if (c.range.begin != c.stored_first_position) backend_->shift_rows(c.range, c.range.begin - c.stored_first_position);
+    out.time.shift_ms += detail::ms_since(t0);
+  }
+
+  // Every planned block whole, before the prefill.
+  void load_whole(std::span<const token_id> tokens, const FusionMethod& method, std::int64_t exact_prefix,
+                  FusionResult& out) {
+    FusionPlan& plan = out.plan;
     bool prefix_broken = false;
-    for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
-      ChunkPlan& c = plan.chunks[j];
-      if (c.source == KVSource::compute || c.range.end <= exact_prefix) continue;
-      if (prefix_broken) {  // a prefix entry is only exact behind the entries before it
+    for (ChunkPlan& c : plan.chunks) {
+      if (!loads(c, exact_prefix)) continue;
+      if (prefix_broken && c.source == KVSource::prefix) {
         c.source = KVSource::compute;
         continue;
       }
-      t0 = std::chrono::steady_clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       std::optional<KVBlock> block = store_->get(c.key);
       const bool usable = block.has_value() && block->num_tokens == c.range.size() &&
                           block->first_position == c.stored_first_position &&
                           block->bytes.size() == backend_->block_bytes(c.range.size());
-      if (!usable) {
-        ++out.rejected_entries;
-        if (c.source == KVSource::isolated) {  // recompute the chunk cache and put it back
-          out.time.load_ms += detail::ms_since(t0);
-          t0 = std::chrono::steady_clock::now();
-          block = backend_->chunk_kv(slice(tokens, c.range), 0);
-          c.stored_first_position = 0;
-          store_->put(c.key, *block);
-          out.time.chunk_compute_ms += detail::ms_since(t0);
-          t0 = std::chrono::steady_clock::now();
-        } else {
-          prefix_broken = c.source == KVSource::prefix;
-          c.source = KVSource::compute;
-          c.recompute.clear();
-          out.time.load_ms += detail::ms_since(t0);
-          continue;
-        }
-      }
-      backend_->load_rows(c.range, *block);
       out.time.load_ms += detail::ms_since(t0);
-      t0 = std::chrono::steady_clock::now();
-      if (c.range.begin != c.stored_first_position)
-        backend_->shift_rows(c.range, c.range.begin - c.stored_first_position);
-      out.time.shift_ms += detail::ms_since(t0);
+      if (!usable) block = reject_entry(c, tokens, out, prefix_broken);
+      if (block) install(c, *block, out);
     }
     if (out.rejected_entries > 0) finish_plan(plan, method, exact_prefix);  // chunks now `compute` change S_0
+  }
 
-    t0 = std::chrono::steady_clock::now();
+  // The engine's prefill with the method's S_l (layer_schedule); |S_l| into out.selected_per_layer, the
+  // policy's time per layer into policy_ms when given.
+  std::vector<float> prefill(const FusionPlan& plan, const FusionMethod& method, FusionResult& out,
+                             std::vector<double>* policy_ms) {
+    const std::int64_t num_layers = backend_->num_layers();
     const LayerSchedule schedule = layer_schedule(plan, method, num_layers);
+    out.selected_per_layer.clear();
+    std::vector<float> logits;
     if (schedule.fixed_set()) {
-      out.logits = backend_->prefill(plan.initial);
+      logits = backend_->prefill(plan.initial);
       out.selected_per_layer.assign(static_cast<std::size_t>(num_layers), static_cast<std::int64_t>(plan.initial.size()));
     } else if constexpr (PerLayerFusionBackend<Backend>) {
       const SelectionPolicy next = [&](const LayerReport& r) {
         out.selected_per_layer.push_back(static_cast<std::int64_t>(r.selected.size()));
-        return schedule.next(r);
+        const auto t0 = std::chrono::steady_clock::now();
+        TokenSet s = schedule.next(r);
+        if (policy_ms != nullptr) policy_ms->push_back(detail::ms_since(t0));
+        return s;
       };
-      out.logits = backend_->prefill(plan.initial, next, schedule.needs_attention ? &plan.layout : nullptr);
+      logits = backend_->prefill(plan.initial, next, schedule.needs_attention ? &plan.layout : nullptr);
     } else {
       throw error(fmt::format("FusionPipeline: method '{}' changes the recomputed set per layer, which this "
                               "backend cannot (it models FixedSetFusionBackend only)",
                               plan.method));
     }
-    out.time.prefill_ms = detail::ms_since(t0);
     out.focus = *schedule.focus;
-    std::int64_t total = 0;
-    for (std::int64_t sel : out.selected_per_layer) total += sel;
-    out.recompute_fraction = static_cast<double>(total) / (static_cast<double>(num_layers) * static_cast<double>(n));
+    return logits;
+  }
+
+  // Layer-pipelined loading (header comment): headers first, then the prefill with the I/O thread reading
+  // layers ahead; a failed layer read makes its chunk an unusable entry and the prefill runs again.
+  void fuse_layerwise(std::span<const token_id> tokens, const FusionMethod& method, std::int64_t exact_prefix,
+                      FusionResult& out)
+    requires LayerwiseFusionBackend<Backend> && RangedKVStore<Store>
+  {
+    FusionPlan& plan = out.plan;
+    std::vector<detail::LayerStream> streams;
+    bool prefix_broken = false;
+    for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
+      ChunkPlan& c = plan.chunks[j];
+      if (!loads(c, exact_prefix)) continue;
+      if (prefix_broken && c.source == KVSource::prefix) {
+        c.source = KVSource::compute;
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::optional<KVBlockInfo> info = store_->describe(c.key);
+      const bool usable = info.has_value() && info->num_tokens == c.range.size() &&
+                          info->first_position == c.stored_first_position &&
+                          info->bytes == backend_->block_bytes(c.range.size()) &&
+                          backend_->block_bytes(c.range.size()) ==
+                              static_cast<std::size_t>(backend_->num_layers()) * backend_->layer_bytes(c.range.size());
+      out.time.load_ms += detail::ms_since(t0);
+      if (usable) {
+        streams.push_back({j, c.key, *info, backend_->layer_bytes(c.range.size())});
+      } else if (const std::optional<KVBlock> block = reject_entry(c, tokens, out, prefix_broken)) {
+        install(c, *block, out);
+      }
+    }
+    if (out.rejected_entries > 0) finish_plan(plan, method, exact_prefix);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      if (streams.empty()) {  // nothing left to read per layer
+        out.load.layers.clear();
+        out.logits = prefill(plan, method, out, nullptr);
+        break;
+      }
+      std::vector<std::size_t> failed;
+      if (prefill_pipelined(streams, method, out, failed)) break;
+      ++out.load.restarts;
+      std::size_t broken_at = plan.chunks.size();  // prefix entries after this chunk are not exact any more
+      for (std::size_t f : failed) {
+        ChunkPlan& c = plan.chunks[streams[f].chunk];
+        bool broken = false;
+        if (const std::optional<KVBlock> block = reject_entry(c, tokens, out, broken)) install(c, *block, out);
+        if (broken) broken_at = std::min(broken_at, streams[f].chunk);
+      }
+      std::vector<detail::LayerStream> kept;
+      for (std::size_t i = 0; i < streams.size(); ++i) {
+        ChunkPlan& c = plan.chunks[streams[i].chunk];
+        if (std::find(failed.begin(), failed.end(), i) != failed.end()) continue;
+        if (streams[i].chunk > broken_at && c.source == KVSource::prefix) {
+          c.source = KVSource::compute;
+          continue;
+        }
+        kept.push_back(streams[i]);
+      }
+      streams = std::move(kept);
+      finish_plan(plan, method, exact_prefix);
+    }
+    out.time.prefill_ms = detail::ms_since(t0) - out.time.chunk_compute_ms;  // restarts' recomputed chunk caches
+  }
+
+  // One prefill with the I/O thread reading `streams` a layer ahead. Returns false, with the indices of the
+  // streams whose reads failed (reasons in out.load.failures), when it had to stop.
+  bool prefill_pipelined(const std::vector<detail::LayerStream>& streams, const FusionMethod& method,
+                         FusionResult& out, std::vector<std::size_t>& failed)
+    requires LayerwiseFusionBackend<Backend> && RangedKVStore<Store>
+  {
+    using clock = std::chrono::steady_clock;
+    const FusionPlan& plan = out.plan;
+    const std::int64_t num_layers = backend_->num_layers();
+    LoadTrace& trace = out.load;
+    trace.layerwise = true;
+    trace.layers.assign(static_cast<std::size_t>(num_layers), {});
+    std::uint64_t layer_bytes = 0;
+    for (const detail::LayerStream& st : streams) layer_bytes += st.layer_bytes;
+    trace.depth = load_.preload_depth > 0 ? std::min(load_.preload_depth, num_layers) : 1;
+    trace.depth_from_measurement = load_.preload_depth == 0 && measured_.valid;
+    if (trace.depth_from_measurement) {  // eq. 16 on this plan's bytes and rows
+      trace.estimated_load_ms_per_layer = measured_.load_ms_per_byte * static_cast<double>(layer_bytes);
+      // Rows per layer: |S_0| scaled by this method's mean |S_l| / |S_0| when it ran before; |S_0| otherwise (an
+      // overestimate for methods that filter: it can only make L_p smaller, which costs waits between layers but
+      // never the waiting up front for layers whose compute would have hidden them).
+      const auto rows = measured_.rows_per_initial.find(plan.method);
+      trace.estimated_compute_ms_per_layer = measured_.compute_ms_per_row * static_cast<double>(plan.initial.size()) *
+                                             (rows == measured_.rows_per_initial.end() ? 1.0 : rows->second);
+      trace.depth = static_cast<std::int64_t>(
+          PreloadPlanner({static_cast<std::size_t>(num_layers), trace.estimated_compute_ms_per_layer,
+                          trace.estimated_load_ms_per_layer})
+              .depth());
+    }
+
+    detail::LayerPipe pipe(static_cast<std::size_t>(num_layers));
+    std::thread io([&] {
+      for (std::int64_t l = 0; l < num_layers; ++l) {
+        if (!pipe.wait_to_read(l, trace.depth)) return;  // Algorithm 2: layer l once layer l − L_p − 1 is done
+        const auto t0 = clock::now();
+        std::vector<std::vector<std::byte>> layer(streams.size());
+        for (std::size_t i = 0; i < streams.size(); ++i) {
+          const detail::LayerStream& st = streams[i];
+          pipe.reading(i);
+          std::string why;
+          try {
+            std::optional<std::vector<std::byte>> bytes =
+                store_->get_range(st.key, st.info, static_cast<std::uint64_t>(l) * st.layer_bytes, st.layer_bytes);
+            if (bytes && bytes->size() == st.layer_bytes) {
+              layer[i] = std::move(*bytes);
+              continue;
+            }
+            why = fmt::format("layer {} of the entry is missing, changed or corrupt", l);
+          } catch (const std::exception& e) {
+            why = fmt::format("reading layer {} failed: {}", l, e.what());
+          }
+          pipe.fail(i, std::move(why));
+          return;
+        }
+        pipe.publish(l, std::move(layer), detail::ms_since(t0));
+      }
+    });
+
+    auto mark = clock::now();
+    const auto hook = [&](std::int64_t l) {
+      const auto entered = clock::now();
+      if (l > 0) trace.layers[static_cast<std::size_t>(l - 1)].compute_ms = std::chrono::duration<double, std::milli>(entered - mark).count();
+      std::vector<std::vector<std::byte>> layer;
+      if (!pipe.take(l, l == 0 ? trace.depth - 1 : l, load_.layer_timeout_ms, layer)) throw detail::LayerReadFailed{};
+      LayerLoadTiming& timing = trace.layers[static_cast<std::size_t>(l)];
+      const auto got = clock::now();
+      timing.wait_ms = std::chrono::duration<double, std::milli>(got - entered).count();
+      for (std::size_t i = 0; i < streams.size(); ++i) {
+        const ChunkPlan& c = plan.chunks[streams[i].chunk];
+        backend_->load_layer_rows(l, c.range, layer[i], c.stored_first_position);
+        if (c.range.begin != c.stored_first_position)
+          backend_->shift_layer_rows(l, c.range, c.range.begin - c.stored_first_position);
+      }
+      mark = clock::now();
+      timing.install_ms = std::chrono::duration<double, std::milli>(mark - got).count();
+    };
+    backend_->set_layer_hook(hook);
+    std::vector<double> policy_ms;
+    bool stopped = false;
+    try {
+      out.logits = prefill(plan, method, out, &policy_ms);
+    } catch (const detail::LayerReadFailed&) {
+      stopped = true;
+    } catch (...) {
+      backend_->set_layer_hook({});
+      pipe.stop();
+      io.join();
+      throw;
+    }
+    backend_->set_layer_hook({});
+    pipe.stop();
+    io.join();
+    if (stopped) {
+      for (auto& [stream, why] : pipe.failures()) {
+        failed.push_back(stream);
+        trace.failures.push_back(fmt::format("rows {}: {}", plan.chunks[streams[stream].chunk].range, why));
+      }
+      return false;
+    }
+    trace.layers.back().compute_ms = detail::ms_since(mark);
+    double read = 0.0;
+    double compute = 0.0;
+    for (std::size_t l = 0; l < trace.layers.size(); ++l) {
+      LayerLoadTiming& t = trace.layers[l];
+      t.read_ms = pipe.read_ms(l);
+      if (l < policy_ms.size()) {
+        t.policy_ms = policy_ms[l];
+        t.compute_ms -= t.policy_ms;
+      }
+      read += t.read_ms;
+      compute += t.compute_ms;
+    }
+    std::int64_t rows = 0;
+    for (std::int64_t sel : out.selected_per_layer) rows += sel;
+    measured_.valid = true;  // for the next run's L_p and loading controller
+    measured_.load_ms_per_byte = read / (static_cast<double>(layer_bytes) * static_cast<double>(num_layers));
+    measured_.compute_ms_per_row = compute / static_cast<double>(rows);
+    measured_.rows_per_initial[plan.method] =
+        static_cast<double>(rows) / (static_cast<double>(num_layers) * static_cast<double>(plan.initial.size()));
+    return true;
   }
 
   static std::span<const token_id> slice(std::span<const token_id> tokens, TokenRange r) {
@@ -415,6 +749,13 @@ class FusionPipeline {
   Store* store_;
   VariantCache variants_;
   std::unordered_map<std::uint64_t, std::int64_t> variant_positions_;  // variant key content -> first position
+  LoadConfig load_;
+  struct {
+    bool valid = false;
+    double load_ms_per_byte = 0.0;    // of the last layer-pipelined run's reads
+    double compute_ms_per_row = 0.0;  // per row computed on one layer, of the same run
+    std::map<std::string, double> rows_per_initial;  // per method name: mean |S_l| / |S_0| of its last run
+  } measured_;
 };
 
 }  // namespace kvfuse

@@ -48,6 +48,11 @@ struct LayerReport {
 // Returns S_{l+1} ⊆ S_l, which must keep the last row. The value returned after the last layer is not used.
 using SelectionPolicy = std::function<TokenSet(const LayerReport&)>;
 
+// Called by the engine's forward pass with l before it reads layer l's KV (before computing layer l), on the
+// thread that runs the pass: the layer-pipelined loader waits there for layer l's stored KV and installs it
+// (vLLM's connector: wait_for_layer_load). It may throw; the pass then stops and the exception propagates.
+using LayerHook = std::function<void(std::int64_t layer)>;
+
 // Cache-Craft eq. 15's per-layer term inter_l(C_i, U): the attention mass of the question's rows (the
 // layout's query) on each chunk, from one layer of the loop with statistics over groups = layout.
 // Every query row must be in `selected` (fusion methods always recompute the question).

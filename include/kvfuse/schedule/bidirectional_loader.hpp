@@ -25,10 +25,11 @@
 // Missing or failing store entries (evicted between lookup and fetch, a store that goes away) stop the
 // loads; the compute side then covers the rest. The failure is recorded in the trace, nothing is lost.
 //
-// Two drivers run the same race (detail::CakeRace): BidirectionalLoader::run, in virtual time, for backends
-// that model their costs (CostModeledCompute / CostModeledStore: simulations, what-if planning), here; and
+// Three drivers run the same race (detail::CakeRace): BidirectionalLoader::run, in virtual time, for backends
+// that model their costs (CostModeledCompute / CostModeledStore: simulations, what-if planning), here;
 // run_threaded (schedule/threaded_loader.hpp, umbrella kvfuse/runtime.hpp), two real threads on the steady
-// clock, for real backends. This header starts no thread.
+// clock, for real backends; and serve (schedule/serving_loop.hpp), Cake requests next to other traffic in an
+// engine's step loop, their compute side fed by TokenBudgetScheduler. This header starts no thread.
 
 #include <algorithm>
 #include <concepts>
@@ -39,6 +40,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -130,6 +132,10 @@ class CakeRace {
   // Algorithm 1 line 2 / 9: both workers run while compute_ptr < io_ptr.
   [[nodiscard]] bool covered() const noexcept { return c_ >= l_; }
   [[nodiscard]] std::int64_t computed() const noexcept { return c_; }
+  // Where the compute side stops for now: the loads' front, or earlier in load-only / static-split mode.
+  [[nodiscard]] std::int64_t compute_end() const noexcept {
+    return compute_limit_ >= 0 ? std::min(l_, compute_limit_) : l_;
+  }
 
   // Next fetch chunk: the one ending at io_ptr (Algorithm 1 line 10), or nothing.
   [[nodiscard]] std::optional<TokenRange> next_fetch() const {
@@ -148,7 +154,7 @@ class CakeRace {
   [[nodiscard]] Decision decide_compute(double now, double fetch_start, TokenRange& out) {
     if (covered()) return Decision::done;
     if (compute_limit_ >= 0 && c_ >= compute_limit_) return Decision::blocked;
-    out = grid_chunk(c_, compute_limit_ >= 0 ? std::min(l_, compute_limit_) : l_, cfg_.compute_chunk);
+    out = grid_chunk(c_, compute_end(), cfg_.compute_chunk);
     if (cfg_.mode != LoaderMode::adaptive || !loads_enabled_ || idle_budget_spent(now)) return Decision::start;
     const std::optional<double> f = predict_compute_s(out);
     const std::optional<double> reach = predict_loads_reach_s(now, fetch_start, out.begin);
@@ -324,10 +330,13 @@ std::optional<KVBlock> cake_fetch(Store& store, const KVKey& key, TokenRange r, 
   return block;
 }
 
-// Install the loaded blocks the compute side did not cover, in order.
-template <ComputeBackend Compute>
-void cake_install(const CakeRace& race, Compute& compute, const std::map<std::int64_t, KVBlock>& loaded) {
-  for (TokenRange r : race.ranges_to_install()) compute.install_kv(r, loaded.at(r.begin));
+// The loaded blocks the compute side did not cover, moved out of `loaded` in order, to install (a threaded
+// driver takes them under its lock and installs them after releasing it).
+[[nodiscard]] inline std::vector<std::pair<TokenRange, KVBlock>> cake_take_loaded(
+    const CakeRace& race, std::map<std::int64_t, KVBlock>& loaded) {
+  std::vector<std::pair<TokenRange, KVBlock>> out;
+  for (TokenRange r : race.ranges_to_install()) out.emplace_back(r, std::move(loaded.at(r.begin)));
+  return out;
 }
 
 // The tokens after the stored prefix: plain chunked prefill on the compute chunk grid, chunk after chunk
@@ -451,7 +460,7 @@ class BidirectionalLoader {
       race.compute_done(comp.range, comp.start, comp.end);
       gpu_free = comp.end;
     }
-    detail::cake_install(race, compute, loaded);
+    for (const auto& [r, block] : detail::cake_take_loaded(race, loaded)) compute.install_kv(r, block);
     gpu_free = detail::cake_compute_after_prefix(
         stored, n, cfg_.compute_chunk, gpu_free,
         [&](TokenRange r, double start) {

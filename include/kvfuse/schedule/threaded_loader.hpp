@@ -35,6 +35,48 @@
 
 namespace kvfuse {
 
+namespace detail {
+
+// One fetch of Cake's I/O side on a real thread (run_threaded; serve, schedule/serving_loop.hpp). Called with
+// `lock` held and `r` = race.next_fetch(): reads the store with the lock released, then records under it
+// whether the chunk landed (its block kept in `loaded`), failed (a miss, a wrong-sized block or an exception:
+// the loads stop and compute covers the rest) or came too late (the compute side covered it meanwhile:
+// abandoned). `fetch_start` is when the fetch in flight started, NaN between fetches (the argument of
+// CakeRace::decide_compute); `since()` is the driver's clock. Returns whether the chunk landed.
+template <KVStore Store, class Since>
+bool cake_io_step(CakeRace& race, Store& store, const std::vector<KVKey>& keys, std::int64_t fetch_chunk, TokenRange r,
+                  std::map<std::int64_t, KVBlock>& loaded, double& fetch_start, std::unique_lock<std::mutex>& lock,
+                  Since since) {
+  const double start = since();
+  fetch_start = start;
+  const KVKey key = cake_key_of(keys, r, fetch_chunk);
+  lock.unlock();
+  std::string why;
+  std::optional<KVBlock> block;
+  try {
+    block = cake_fetch(store, key, r, why);
+  } catch (const std::exception& e) {
+    why = fmt::format("loading tokens {} failed: {}", r, e.what());
+  } catch (...) {
+    why = fmt::format("loading tokens {} failed with a non-standard exception", r);
+  }
+  lock.lock();
+  fetch_start = kNoFetch;
+  if (race.covered()) {  // the compute side reached it first: not needed any more
+    race.fetch_abandoned(r, start, since());
+    return false;
+  }
+  if (!block) {
+    race.fetch_failed(r, start, since(), why);
+    return false;
+  }
+  loaded[r.begin] = std::move(*block);
+  race.fetch_done(r, start, since());
+  return true;
+}
+
+}  // namespace detail
+
 // Makes the KV of every token of `tokens` resident in `compute`, as `loader` decides (its config and
 // estimate), on two threads.
 template <ComputeBackend Compute, KVStore Store>
@@ -58,29 +100,7 @@ LoaderTrace run_threaded(const BidirectionalLoader<Compute, Store>& loader, Comp
   std::thread io_thread([&] {
     std::unique_lock lock(m);
     while (auto r = race.next_fetch()) {
-      const double start = since();
-      fetch_start = start;
-      const KVKey key = detail::cake_key_of(keys, *r, cfg.fetch_chunk);
-      lock.unlock();
-      std::string why;
-      std::optional<KVBlock> block;
-      try {
-        block = detail::cake_fetch(store, key, *r, why);
-      } catch (const std::exception& e) {
-        why = fmt::format("loading tokens {} failed: {}", *r, e.what());
-      } catch (...) {
-        why = fmt::format("loading tokens {} failed with a non-standard exception", *r);
-      }
-      lock.lock();
-      fetch_start = detail::kNoFetch;
-      if (race.covered()) {  // the compute side reached it first: not needed any more
-        race.fetch_abandoned(*r, start, since());
-      } else if (block) {
-        loaded[r->begin] = std::move(*block);
-        race.fetch_done(*r, start, since());
-      } else {
-        race.fetch_failed(*r, start, since(), why);
-      }
+      detail::cake_io_step(race, store, keys, cfg.fetch_chunk, *r, loaded, fetch_start, lock, since);
       cv.notify_all();
     }
   });
@@ -120,8 +140,7 @@ LoaderTrace run_threaded(const BidirectionalLoader<Compute, Store>& loader, Comp
   std::vector<std::pair<TokenRange, KVBlock>> to_install;
   {
     std::lock_guard lock(m);
-    if (!compute_error)
-      for (TokenRange r : race.ranges_to_install()) to_install.emplace_back(r, std::move(loaded.at(r.begin)));
+    if (!compute_error) to_install = detail::cake_take_loaded(race, loaded);
   }
   if (compute_error) {
     io_thread.join();

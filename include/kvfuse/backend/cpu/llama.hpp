@@ -64,6 +64,8 @@ namespace kvfuse {
 struct PartialPrefillOptions {
   // When set, every LayerReport carries LayerAttention over these groups (layout.num_tokens() == rows).
   const PromptLayout* attention_groups = nullptr;
+  // When set, called with l before layer l reads its KV (the layer-pipelined loader installs layer l there).
+  LayerHook before_layer;
 };
 
 struct PartialPrefillResult {
@@ -168,19 +170,27 @@ class CpuLlama {
       const std::int64_t p = kv.positions[static_cast<std::size_t>(r)];
       detail::require(p + delta >= 0, "CpuLlama::rope_shift: row {} at position {} would move to {}", r, p, p + delta);
     }
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) rope_shift_layer(kv, l, rows, delta);
+    for (std::int64_t r = rows.begin; r < rows.end; ++r) kv.positions[static_cast<std::size_t>(r)] += delta;
+  }
+
+  // The rotation of rope_shift on one layer only; positions are left as they are (the layer-pipelined loader
+  // shifts each layer as it arrives, into rows already at their prompt positions).
+  void rope_shift_layer(LlamaKVCache& kv, std::int64_t layer, TokenRange rows, std::int64_t delta) const {
+    check_kv(kv, "CpuLlama::rope_shift_layer");
+    validate_range(rows, kv.num_rows(), "CpuLlama::rope_shift_layer");
+    detail::require(layer >= 0 && layer < config_.n_layer, "CpuLlama::rope_shift_layer: layer {} of {}", layer,
+                    config_.n_layer);
     const std::int64_t hd = config_.head_dim;
     const std::vector<double> theta = config_.rope_theta();
     std::vector<float> cos_d(theta.size());
     std::vector<float> sin_d(theta.size());
     detail::rope_cos_sin(theta.data(), hd / 2, static_cast<double>(delta), cos_d.data(), sin_d.data());
-    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-      for (std::int64_t r = rows.begin; r < rows.end; ++r) {
-        float* k = kv.k_row(l, r);
-        for (std::int64_t g = 0; g < config_.n_head_kv; ++g)
-          detail::rope_rotate_head(k + g * hd, hd, config_.rope_pairing, cos_d.data(), sin_d.data());
-      }
+    for (std::int64_t r = rows.begin; r < rows.end; ++r) {
+      float* k = kv.k_row(layer, r);
+      for (std::int64_t g = 0; g < config_.n_head_kv; ++g)
+        detail::rope_rotate_head(k + g * hd, hd, config_.rope_pairing, cos_d.data(), sin_d.data());
     }
-    for (std::int64_t r = rows.begin; r < rows.end; ++r) kv.positions[static_cast<std::size_t>(r)] += delta;
   }
 
   // The fusion loop. `merged` holds one row per prompt token (tokens[i] is the token of row i), its K at
@@ -216,7 +226,7 @@ class CpuLlama {
     PartialPrefillResult result;
     const SelectionPolicy keep = [](const LayerReport& r) { return r.selected; };
     result.logits = run(merged, initial, initial_tokens, policy ? &policy : &keep, options.attention_groups, true,
-                        &result.selected_per_layer);
+                        &result.selected_per_layer, options.before_layer ? &options.before_layer : nullptr);
     return result;
   }
 
@@ -426,7 +436,7 @@ class CpuLlama {
   // the last row of S_0 when `want_logits` (that row must stay selected), else nothing.
   std::vector<float> run(LlamaKVCache& kv, TokenSet sel, std::span<const token_id> sel_tokens,
                          const SelectionPolicy* policy, const PromptLayout* groups, bool want_logits,
-                         std::vector<std::int64_t>* sizes) const {
+                         std::vector<std::int64_t>* sizes, const LayerHook* before_layer = nullptr) const {
     const std::int64_t e = config_.n_embd;
     const std::int64_t hd = config_.head_dim;
     const std::int64_t pairs = hd / 2;
@@ -463,6 +473,7 @@ class CpuLlama {
     std::vector<float> k_dev, v_dev;
     LayerAttention stats;
     for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      if (before_layer != nullptr) (*before_layer)(l);
       const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(l)];
       rms_norm(h, w.attn_norm, x);
       project(x, w.wq, q);
