@@ -8,6 +8,7 @@
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
 //                   [--out DIR] [--cache-dir DIR] [--model GGUF] [--threads 0] [--no-plot] [--store-dtype f32]
 //                   [--store memory|disk|tiered] [--link-mbps X] [--link-latency-ms Y] [--pipeline on|off]
+//                   [--split-tokens N]
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
@@ -23,11 +24,15 @@
 // chunk caches one layer at a time while the model computes (FusionPipeline's layer-pipelined loading, for
 // stores with ranged reads: memory and disk, not tiered); off loads every block whole first. The table then
 // shows, per method, the load time still visible in TTFT ("load wait") next to the read time.
+//
+// --split-tokens N cuts every passage longer than N tokens into N-token chunks, each its own chunk cache
+// (KVSplit's fixed-size chunking, Epic §5; split_long_chunks); 0 (default) keeps one chunk per passage.
 
 #include <algorithm>
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +73,7 @@ struct Options {
   std::string data, model, out = "rag-eval", cache_dir, store;
   double link_mbps = 0.0, link_latency_ms = 0.0;
   bool pipeline = true;
+  std::int64_t split_tokens = 0;
   kvfuse::DType store_dtype = kvfuse::DType::f32;
   std::vector<std::string> methods;
   std::int64_t limit = 20, start = 0, max_passages = 10, max_passage_tokens = 0, max_new_tokens = 32, threads = 0;
@@ -104,6 +110,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-new-tokens") o.max_new_tokens = parse_int(flag, v);
     else if (flag == "--threads") o.threads = parse_int(flag, v);
     else if (flag == "--store") o.store = v;
+    else if (flag == "--split-tokens") o.split_tokens = parse_int(flag, v);
     else if (flag == "--link-mbps") o.link_mbps = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link_latency_ms = kvfuse_example::parse_real(flag, v);
     else if (flag == "--pipeline") {
@@ -121,7 +128,10 @@ Options parse(int argc, char** argv) {
   kvfuse::detail::require(o.store != "memory" || o.cache_dir.empty(),
                           "--cache-dir '{}' needs --store disk or tiered", o.cache_dir);
   if (o.store != "memory" && o.cache_dir.empty()) o.cache_dir = (fs::path(o.out) / "kv-cache").string();
-  kvfuse::LinkConfig{o.link_mbps, o.link_latency_ms}.validate();
+  kvfuse::detail::require(std::isfinite(o.link_mbps) && o.link_mbps >= 0, "--link-mbps: {} must be >= 0 (0: no link)",
+                          o.link_mbps);
+  kvfuse::detail::require(std::isfinite(o.link_latency_ms) && o.link_latency_ms >= 0,
+                          "--link-latency-ms: {} must be >= 0", o.link_latency_ms);
   if (o.model.empty()) o.model = default_model();
   kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
                           o.model);
@@ -266,7 +276,10 @@ int main(int argc, char** argv) try {
       std::vector<std::string> passages;
       for (const std::string& p : q.passages) passages.push_back(truncate_passage(tok, p, o.max_passage_tokens));
       const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
-      const kvfuse::PromptLayout layout = prompt.layout();
+      const auto chunked = [&o](const kvfuse::PromptLayout& l) {
+        return o.split_tokens > 0 ? kvfuse::split_long_chunks(l, kvfuse::KVSplit({o.split_tokens})) : l;
+      };
+      const kvfuse::PromptLayout layout = chunked(prompt.layout());
       const auto n = static_cast<std::int64_t>(prompt.tokens.size());
       total_tokens += n;
 
@@ -277,7 +290,7 @@ int main(int argc, char** argv) try {
       std::vector<std::string> earlier = passages;
       std::reverse(earlier.begin() + 1, earlier.end());
       const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
-      pipeline.record_context(warm.tokens, warm.layout());
+      pipeline.record_context(warm.tokens, chunked(warm.layout()));
       const double q_offline = kvfuse::detail::ms_since(t0);
       offline_ms += q_offline;
 
@@ -368,6 +381,7 @@ int main(int argc, char** argv) try {
   results["link_mbps"] = o.link_mbps;
   results["link_latency_ms"] = o.link_latency_ms;
   results["pipeline"] = o.pipeline;
+  results["split_tokens"] = o.split_tokens;
   for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
   // Share of naive reuse's KL gap to full prefill that a method closes (from the means): 1 − KL_m / KL_naive.
   if (results["methods"].contains("naive") && results["methods"]["naive"]["kl_first_token"].get<double>() > 0.0) {

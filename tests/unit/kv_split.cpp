@@ -231,3 +231,18 @@ TEST_CASE("KVSplit property: random texts, boundaries and bounds") {
     }
   }
 }
+
+TEST_CASE("split_long_chunks: only chunks longer than chunk_size are cut, in place, flags and query kept") {
+  kvfuse::PromptLayout layout = kvfuse::PromptLayout::from_lengths({6, 25, 10, 0}, 4);
+  layout.chunks[2].cached = false;
+  const kvfuse::PromptLayout split = kvfuse::split_long_chunks(layout, kvfuse::KVSplit({/*chunk_size=*/10}));
+  std::vector<kvfuse::TokenRange> ranges;
+  for (const kvfuse::PromptChunk& c : split.chunks) ranges.push_back(c.range);
+  CHECK(ranges == std::vector<kvfuse::TokenRange>{{0, 6}, {6, 16}, {16, 26}, {26, 31}, {31, 41}, {41, 41}});
+  CHECK(split.chunks[4].cached == false);
+  CHECK(split.chunks[1].cached);
+  CHECK(split.query == layout.query);
+  // Nothing longer than chunk_size: the same layout.
+  const kvfuse::PromptLayout same = kvfuse::split_long_chunks(layout, kvfuse::KVSplit({/*chunk_size=*/25}));
+  CHECK(same.chunks.size() == layout.chunks.size());
+}

@@ -150,4 +150,23 @@ class KVSplit {
   return layout;
 }
 
+// `layout` with every chunk longer than the splitter's chunk_size cut into fixed() chunks (a long document
+// becomes several chunk caches, Epic §5's fixed-size chunking); shorter chunks, their cached flags and the query
+// stay as they are.
+[[nodiscard]] inline PromptLayout split_long_chunks(const PromptLayout& layout, const KVSplit& split) {
+  layout.validate();
+  PromptLayout out;
+  out.query = layout.query;
+  for (const PromptChunk& c : layout.chunks) {
+    if (c.range.size() <= split.config().chunk_size) {
+      out.chunks.push_back(c);
+      continue;
+    }
+    for (const TokenRange& r : split.fixed(c.range.size()))
+      out.chunks.push_back({{c.range.begin + r.begin, c.range.begin + r.end}, c.cached});
+  }
+  out.validate();
+  return out;
+}
+
 }  // namespace kvfuse
