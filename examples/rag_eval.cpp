@@ -19,10 +19,12 @@
 // (CpuLlamaFusion's storage dtype); the fidelity columns then include that rounding.
 //
 // Real I/O: --store memory (default; tiered when --cache-dir is given), disk (a DiskKVStore alone in --cache-dir,
-// default <out>/kv-cache) or tiered (memory over disk); --link-mbps / --link-latency-ms put the store behind a
-// bandwidth-limited link (ThrottledKVStore: a remote store or a slow SSD). --pipeline on (default) reads the
-// chunk caches one layer at a time while the model computes (FusionPipeline's layer-pipelined loading, for
-// stores with ranged reads: memory and disk, not tiered); off loads every block whole first. The table then
+// default <out>/kv-cache) or tiered (memory over disk); --link-mbps / --link-latency-ms put the store (with
+// tiered: the disk tier) behind a bandwidth-limited link (ThrottledKVStore: a remote store or a slow SSD). With
+// tiered, CacheBlend §5.1's loading controller places new chunk caches in the cheaper tier when loading from it
+// does not delay the first token (tier_placement in results.json). --pipeline on (default) reads the
+// chunk caches one layer at a time while the model computes (FusionPipeline's layer-pipelined loading; every
+// store here has ranged reads); off loads every block whole first. The table then
 // shows, per method, the load time still visible in TTFT ("load wait") next to the read time.
 //
 // --split-tokens N cuts every passage longer than N tokens into N-token chunks, each its own chunk cache
@@ -254,9 +256,6 @@ int main(int argc, char** argv) try {
   kvfuse::InMemoryKVStore memory;
   std::optional<kvfuse::DiskKVStore> disk;
   if (o.store != "memory") disk.emplace(o.cache_dir);
-  using Tiered = kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>;
-  std::optional<Tiered> tiered;
-  if (o.store == "tiered") tiered.emplace(memory, *disk);
   const kvfuse::LinkConfig link{o.link_mbps, o.link_latency_ms};
   const bool linked = o.link_mbps > 0.0 || o.link_latency_ms > 0.0;
   kvfuse::LoadConfig load;
@@ -330,6 +329,7 @@ int main(int argc, char** argv) try {
         };
         if (r.load.layerwise) m["preload_depth"] = static_cast<double>(r.load.depth);
         if (r.controller) m["controller_ratio"] = r.controller->ratio;
+        if (r.tier) m["tier_placement"] = static_cast<double>(r.tier->device.value_or(0));  // 0 memory, 1 disk
         if (r.focus) m["focus_cutoff_layer"] = static_cast<double>(r.focus->cutoff_layer);
         sums[o.methods[mi]].add(m);
         nlohmann::json mj(m);
@@ -350,22 +350,28 @@ int main(int argc, char** argv) try {
     }
   };
   kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
-  const auto with_store = [&](auto& store) {
+  const auto run_on = [&](auto& store) {
+    kvfuse::FusionPipeline pipeline(engine, store, {}, load);
+    evaluate(pipeline);
+  };
+  // The link stands in front of the store, or of the disk tier only (memory stays local).
+  const auto with_link = [&](auto& store, auto&& then) {
     if (linked) {
       kvfuse::ThrottledKVStore slow(store, link);
-      kvfuse::FusionPipeline pipeline(engine, slow, {}, load);
-      evaluate(pipeline);
+      then(slow);
     } else {
-      kvfuse::FusionPipeline pipeline(engine, store, {}, load);
-      evaluate(pipeline);
+      then(store);
     }
   };
-  if (tiered) {
-    with_store(*tiered);
+  if (o.store == "tiered") {
+    with_link(*disk, [&](auto& slow) {
+      kvfuse::TieredKVStore tiered(memory, slow);
+      run_on(tiered);
+    });
   } else if (disk) {
-    with_store(*disk);
+    with_link(*disk, run_on);
   } else {
-    with_store(memory);
+    with_link(memory, run_on);
   }
 
   nlohmann::json results;

@@ -409,7 +409,7 @@ TEST_CASE("ThrottledKVStore: a get returns the inner block no earlier than laten
   CHECK(got->bytes == block.bytes);
   CHECK(got->first_position == 12);
   CHECK(seconds >= 0.015);  // 1 MB at 100 MB/s = 10 ms, + 5 ms latency: a lower bound, never an upper one
-  CHECK(link.stats().gets == 1);
+  CHECK(link.stats().reads == 1);
   CHECK(link.stats().bytes == 1'000'000);
   CHECK(link.stats().bytes_per_s() <= 1e6 / 0.015);
 
@@ -434,7 +434,7 @@ TEST_CASE("ThrottledKVStore: concurrent gets share the link's bandwidth") {
   other.join();
   // 1 MB through one 50 MB/s link: the second get ends at least 20 ms after the first began.
   CHECK(std::chrono::duration<double>(clock::now() - t0).count() >= 0.020);
-  CHECK(link.stats().gets == 2);
+  CHECK(link.stats().reads == 2);
   CHECK(link.stats().bytes == 1'000'000);
 }
 
@@ -493,7 +493,7 @@ TEST_CASE("Ranged reads (describe + get_range) return exactly the bytes of get, 
   check_store(disk);
   check_store(memory);
   check_store(link);
-  CHECK(link.stats().gets == 9);  // describe x2, 7 ranges (the refused one reads nothing)
+  CHECK(link.stats().reads == 9);  // describe x2, 7 ranges (the refused one reads nothing)
   CHECK(disk.rejected() == 0);
 }
 

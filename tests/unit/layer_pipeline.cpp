@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kvfuse/cpu.hpp"
@@ -301,4 +302,58 @@ TEST_CASE("cacheblend@auto: CacheBlend §5.1's loading controller picks r from t
   CHECK(second.selected_per_layer == fixed.selected_per_layer);
   CHECK(second.logits == fixed.logits);
   CHECK(static_cast<double>(second.selected_per_layer.back()) >= 0.15 * n - 1);
+}
+
+TEST_CASE("on a tiered store the loading controller places new entries in the cheapest tier that does not delay") {
+  const CpuLlama model = small_llama();
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  // Measures both tiers: a run that reads the slow tier, then one that reads memory (after promotion); the
+  // decision of a third run with `method` is returned.
+  const auto decide = [&](auto& tiered, InMemoryKVStore& memory, const FusionMethod& method) {
+    CpuLlamaFusion engine(model);
+    FusionPipeline pipeline(engine, tiered);
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+    memory.clear();
+    const FusionResult first = pipeline.run(p.tokens, p.layout, method);
+    CHECK_FALSE(first.tier.has_value());  // nothing measured before it
+    CHECK(tiered.tier_stats(1).bytes > 0);
+    CHECK(tiered.tier_stats(0).bytes == 0);
+    pipeline.store_chunk_caches(p.tokens, p.layout);  // validating gets promote the entries into memory
+    const FusionResult second = pipeline.run(p.tokens, p.layout, method);
+    CHECK_FALSE(second.tier.has_value());  // decided before this run read (and measured) memory
+    CHECK(tiered.tier_stats(0).bytes > 0);
+    const FusionResult third = pipeline.run(p.tokens, p.layout, method);
+    CHECK(third.logits == second.logits);
+    REQUIRE(third.tier.has_value());
+    REQUIRE(third.tier->options.size() == 2);
+    // New chunk caches go where the decision says.
+    const Prompt fresh = assemble({chunk_tokens(7, 40)}, kQuery);
+    CHECK(pipeline.store_chunk_caches(fresh.tokens, fresh.layout) == 1);
+    const KVKey key = pipeline.isolated_key(std::span<const token_id>(fresh.tokens.data(), 7));
+    CHECK(tiered.contains(key));
+    return std::pair{*third.tier, memory.contains(key)};
+  };
+
+  SUBCASE("a slow remote tier would delay naive reuse, which recomputes almost nothing: memory") {
+    InMemoryKVStore memory;
+    InMemoryKVStore far;
+    ThrottledKVStore remote(far, {/*megabytes_per_s=*/0.1, /*latency_ms=*/0.0});
+    TieredKVStore tiered(memory, remote);
+    const auto [d, in_memory] = decide(tiered, memory, NaiveReuse{});
+    CHECK(d.options[0].load_seconds < d.options[1].load_seconds);
+    CHECK_FALSE(d.options[1].no_extra_delay);
+    CHECK(d.device == std::optional<std::size_t>(0));
+    CHECK(tiered.placement() == 0);
+    CHECK(in_memory);
+  }
+  SUBCASE("a second memory tier at a tenth of the cost, under a full recompute of every layer: the cheap tier") {
+    InMemoryKVStore memory;
+    InMemoryKVStore cheap;
+    TieredKVStore tiered(memory, cheap);
+    const auto [d, in_memory] = decide(tiered, memory, parse_method("cacheblend@1"));
+    CHECK(d.options[1].no_extra_delay);
+    CHECK(d.device == std::optional<std::size_t>(1));
+    CHECK(tiered.placement() == 1);
+    CHECK_FALSE(in_memory);  // placed in the cheap tier only
+  }
 }

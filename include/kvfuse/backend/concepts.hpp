@@ -31,6 +31,12 @@
 //                                             when it is gone, was replaced since (another info.version) or
 //                                             fails the store's checks. offset + size <= info.bytes.
 //
+// MeasuredTierStore — a KVStore of several tiers (fastest first) that measures each tier's reads and places new
+// entries as told (TieredKVStore); FusionPipeline asks CacheBlend §5.1's loading controller where they belong:
+//   s.tier_devices()    -> std::vector<StorageDevice>: per tier its cost per GB and its measured read throughput
+//                          (0 while unmeasured)
+//   s.set_placement(i)  -> void: new entries go to tier i and the slower ones (0: every tier)
+//
 // CostModeledCompute / CostModeledStore — optional refinements for backends that run in virtual time
 // (the simulated backends): instead of taking wall time, an operation reports when it would finish if
 // started at `start_s`. Policies that see these run a deterministic discrete-event schedule.
@@ -38,12 +44,14 @@
 //   s.load_finish_s(key, num_tokens, start_s)   -> double
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/schedule/loading_controller.hpp"
 
 namespace kvfuse {
 
@@ -68,6 +76,28 @@ concept RangedKVStore =
       { s.describe(key) } -> std::same_as<std::optional<KVBlockInfo>>;
       { s.get_range(key, info, offset, offset) } -> std::same_as<std::optional<std::vector<std::byte>>>;
     };
+
+// What a store's reads delivered, measured (ThrottledKVStore per link, TieredKVStore per tier): a loading
+// controller fed with these uses the tier's measured throughput rather than a nominal one.
+struct ReadStats {
+  std::int64_t reads = 0;     // get, describe and get_range calls
+  std::int64_t bytes = 0;     // payload bytes they returned
+  double seconds = 0.0;       // wall time spent inside them, summed over calls
+
+  // Bytes per second as the readers saw them; 0 before any byte.
+  [[nodiscard]] double bytes_per_s() const noexcept { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0.0; }
+  void add(std::int64_t b, double s) noexcept {
+    ++reads;
+    bytes += b;
+    seconds += s;
+  }
+};
+
+template <class S>
+concept MeasuredTierStore = KVStore<S> && requires(S& s, const S& cs, std::size_t tier) {
+  { cs.tier_devices() } -> std::same_as<std::vector<StorageDevice>>;
+  { s.set_placement(tier) } -> std::same_as<void>;
+};
 
 template <class B>
 concept CostModeledCompute = ComputeBackend<B> && requires(const B& cb, TokenRange r, double t) {

@@ -9,7 +9,7 @@
 // A get that finds nothing costs the latency only. Over a RangedKVStore it is one too: describe() costs the
 // latency, get_range() the latency and its bytes, on the same link.
 //
-// It also measures what it served (LinkStats: bytes returned, seconds spent in get, gets), so a loading
+// It also measures what it served (ReadStats: bytes returned, seconds spent in reads, reads), so a loading
 // controller can be fed the tier's measured throughput rather than its nominal one.
 //
 // Thread safety: as `inner` for the calls forwarded to it; the link state and the statistics are guarded by
@@ -43,16 +43,6 @@ struct LinkConfig {
   }
 };
 
-// What a ThrottledKVStore served.
-struct LinkStats {
-  std::int64_t gets = 0;      // reads: get, describe, get_range
-  std::int64_t bytes = 0;     // payload bytes they returned
-  double get_seconds = 0.0;   // wall time spent inside them, summed over calls
-
-  // Bytes per second the link delivered, as the loaders saw it; 0 before any byte.
-  [[nodiscard]] double bytes_per_s() const noexcept { return get_seconds > 0 ? static_cast<double>(bytes) / get_seconds : 0.0; }
-};
-
 template <KVStore Inner>
 class ThrottledKVStore {
  public:
@@ -84,7 +74,7 @@ class ThrottledKVStore {
   void put(const KVKey& key, KVBlock block) { inner_->put(key, std::move(block)); }
   bool erase(const KVKey& key) { return inner_->erase(key); }
 
-  [[nodiscard]] LinkStats stats() const {
+  [[nodiscard]] ReadStats stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
   }
@@ -110,9 +100,7 @@ class ThrottledKVStore {
     std::this_thread::sleep_until(ready);
     const double seconds = std::chrono::duration<double>(clock::now() - start).count();
     std::lock_guard lock(mutex_);
-    ++stats_.gets;
-    stats_.bytes += bytes;
-    stats_.get_seconds += seconds;
+    stats_.add(bytes, seconds);
     return result;
   }
 
@@ -126,7 +114,7 @@ class ThrottledKVStore {
   LinkConfig link_;
   mutable std::mutex mutex_;
   std::chrono::steady_clock::time_point link_free_{};
-  LinkStats stats_;
+  ReadStats stats_;
 };
 
 static_assert(RangedKVStore<ThrottledKVStore<InMemoryKVStore>>);

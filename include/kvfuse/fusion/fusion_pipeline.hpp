@@ -180,6 +180,10 @@ struct FusionResult {
   // CacheBlend with its loading controller (cacheblend@auto), once speeds were measured: CacheBlend §5.1's
   // decision for this request (the ratio the run used is decision.ratio).
   std::optional<RatioDecision> controller;
+  // On a MeasuredTierStore (TieredKVStore), once speeds were measured: CacheBlend §5.1's device choice at this
+  // request's recompute ratio — the cheapest tier that loads a layer no slower than the request recomputes one;
+  // the store places new entries there (none fits: every tier).
+  std::optional<DeviceDecision> tier;
 };
 
 template <FixedSetFusionBackend Backend, KVStore Store>
@@ -361,6 +365,7 @@ class FusionPipeline {
     for (const ChunkPlan& c : plan.chunks)  // the run uses the planned variants: f_r += 1/CFO (section 3.3)
       if (c.source == KVSource::variant) variants_.record_use(c.variant_id, c.cfo);
     const FusionMethod chosen = control(method, plan, out);
+    place(chosen, plan, out);
     out.time.plan_ms = detail::ms_since(t0);
 
     bool pipelined = false;
@@ -386,6 +391,33 @@ class FusionPipeline {
   FusionMethod control(const FusionMethod& method, const FusionPlan& plan, FusionResult& out) const {
     const auto* blend = std::get_if<CacheBlend>(&method);
     if (blend == nullptr || !blend->loading_controller || !measured_.valid) return method;
+    const StorageDevice device{"store", 0.0, 1e3 / measured_.load_ms_per_byte, 0.0};
+    out.controller = LoadingController({blend->config.recompute_ratio}).choose_ratio(loading_request(plan), device);
+    CacheBlend chosen = with_recompute_ratio(*blend, out.controller->ratio);
+    chosen.loading_controller = false;
+    return chosen;
+  }
+
+  // CacheBlend §5.1's second question on a MeasuredTierStore: the cheapest tier that loads a layer of this
+  // request no slower than it recomputes one (ratio: CacheBlend's r, else |S_0| / n); new entries go there.
+  void place(const FusionMethod& method, const FusionPlan& plan, FusionResult& out) {
+    if constexpr (MeasuredTierStore<Store>) {
+      if (!measured_.valid) return;
+      const std::vector<StorageDevice> tiers = store_->tier_devices();
+      if (std::any_of(tiers.begin(), tiers.end(), [](const StorageDevice& d) { return d.bandwidth_bytes_per_s <= 0; }))
+        return;  // a tier not measured yet
+      const auto* blend = std::get_if<CacheBlend>(&method);
+      const double ratio = blend != nullptr ? blend->config.recompute_ratio
+                                            : static_cast<double>(plan.initial.size()) /
+                                                  static_cast<double>(plan.layout.num_tokens());
+      out.tier = LoadingController({0.0}).choose_device(loading_request(plan), tiers, ratio);
+      store_->set_placement(out.tier->device.value_or(0));
+    }
+  }
+
+  // The request as CacheBlend §5.1's delay estimators see it: the tokens loaded, their bytes per layer, and
+  // Prefill(LLM, L) of one layer from the measured compute speed.
+  [[nodiscard]] LoadingRequest loading_request(const FusionPlan& plan) const {
     const std::int64_t num_layers = backend_->num_layers();
     LoadingRequest request;
     for (const ChunkPlan& c : plan.chunks)
@@ -393,13 +425,9 @@ class FusionPipeline {
     request.num_layers = static_cast<int>(num_layers);
     request.kv_bytes_per_token_per_layer =
         static_cast<double>(backend_->block_bytes(1)) / static_cast<double>(num_layers);
-    request.prefill_seconds_per_layer =  // Prefill(LLM, L) of one layer: every row of the prompt
+    request.prefill_seconds_per_layer =  // every row of the prompt
         measured_.compute_ms_per_row * static_cast<double>(plan.layout.num_tokens()) / 1e3;
-    const StorageDevice device{"store", 0.0, 1e3 / measured_.load_ms_per_byte, 0.0};
-    out.controller = LoadingController({blend->config.recompute_ratio}).choose_ratio(request, device);
-    CacheBlend chosen = with_recompute_ratio(*blend, out.controller->ratio);
-    chosen.loading_controller = false;
-    return chosen;
+    return request;
   }
 
   // The chunks whose stored KV the plan loads: not computed, not inside the exact prefix.
