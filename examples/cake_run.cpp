@@ -10,13 +10,19 @@
 //   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
 //                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]
 //                   [--compute-chunk 512] [--fetch-chunk 128] [--threads 0] [--out DIR] [--method cacheblend]
+//                   [--serve N] [--decode-tokens 8]
 //
 // Prints one JSON object: means over the prompts of the TTFT of each run, the meeting point, the best split,
 // the link's nominal and measured speed, the prompt and stored-prefix lengths. Then one composed request
 // (run_composed) on the first question's prompt with its first four passages: system prompt + passage 1 stored
 // as the exact prefix and prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
-// question; a second JSON object gives its TTFT next to full prefill's and the first token's KL and agreement. With --out DIR, writes
-// cake_timeline.png (gnuplot): one request's compute chunks (forward) and loads (backward) and where they met.
+// question; a second JSON object gives its TTFT next to full prefill's, the first token's KL and agreement, and
+// how much of the chunk caches' load stayed visible with layer-pipelined loading. With --serve N, N requests (the
+// N questions from --start, each request as above; every other one has its stored prefix, the rest are plain) run together
+// in one step loop (serve: Cake's TokenBudgetScheduler with a budget of --compute-chunk tokens per step, decode
+// first) and each decodes --decode-tokens greedy tokens; a third JSON object gives, per request, its first-token
+// step and time and whether its tokens equal serving it alone. With --out DIR, writes cake_timeline.png
+// (gnuplot): one request's compute chunks (forward) and loads (backward) and where they met.
 
 #include <unistd.h>
 
@@ -53,6 +59,7 @@ constexpr std::string_view kSystem = "You are a helpful assistant. Answer the qu
 struct Options {
   std::string data, model, store = "memory", cache_dir, out, method = "cacheblend";
   std::int64_t prefix_tokens = 2048, limit = 1, start = 0, compute_chunk = 512, fetch_chunk = 128, threads = 0;
+  std::int64_t serve = 0, decode_tokens = 8;
   kvfuse::LinkConfig link{20.0, 1.0};
 };
 
@@ -74,6 +81,8 @@ Options parse(int argc, char** argv) {
     else if (flag == "--compute-chunk") o.compute_chunk = parse_int(flag, v);
     else if (flag == "--fetch-chunk") o.fetch_chunk = parse_int(flag, v);
     else if (flag == "--threads") o.threads = parse_int(flag, v);
+    else if (flag == "--serve") o.serve = parse_int(flag, v);
+    else if (flag == "--decode-tokens") o.decode_tokens = parse_int(flag, v);
     else if (flag == "--link-mbps") o.link.megabytes_per_s = parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link.latency_ms = parse_real(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
@@ -256,7 +265,11 @@ int main(int argc, char** argv) try {
                      {"full_prefill_ttft_ms", full_ms},
                      {"ttft_ratio_vs_full", r.ttft_ms() / full_ms},
                      {"kl_first_token", kvfuse::eval::kl_divergence(full.logits, r.fusion.logits)},
-                     {"top1_agrees", kvfuse::argmax_token(full.logits) == kvfuse::argmax_token(r.fusion.logits)}};
+                     {"top1_agrees", kvfuse::argmax_token(full.logits) == kvfuse::argmax_token(r.fusion.logits)},
+                     {"layer_pipelined", r.fusion.load.layerwise},
+                     {"chunk_load_read_ms", r.fusion.load.read_ms()},
+                     {"chunk_load_wait_ms", r.fusion.load.wait_ms()},
+                     {"preload_depth", r.fusion.load.depth}};
     fmt::print("{}\n", j.dump());
   };
   if (disk) {
@@ -264,8 +277,60 @@ int main(int argc, char** argv) try {
   } else {
     composed(memory);
   }
+  // Several requests in one step loop: Cake's token budget decides whose chunk runs each step, decode first.
+  bool served_exact = true;
+  const auto served = [&](auto& inner) {
+    kvfuse::ThrottledKVStore link(inner, o.link);
+    using Session = kvfuse::CpuLlamaSession;
+    std::vector<kvfuse::ServedRequest<Session>> requests;
+    std::vector<std::vector<kvfuse::token_id>> alone;  // each request served alone: full prefill + greedy
+    const std::vector<Question> serve_questions = load_questions(o.data, o.start, o.serve, 10);
+    for (std::int64_t i = 0; i < o.serve; ++i) {
+      const Question& q = serve_questions[static_cast<std::size_t>(i)];
+      const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, q.passages, q.question);
+      const std::int64_t query_begin = prompt.layout().query.begin;
+      const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / o.fetch_chunk * o.fetch_chunk;
+      std::vector<kvfuse::token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + stored);
+      tokens.insert(tokens.end(), prompt.tokens.begin() + query_begin, prompt.tokens.end());
+      kvfuse::LlamaPrefill full = model.full_prefill(tokens);
+      if (i % 2 == 0) {  // a Cake request: an earlier request left its prefix in the store
+        const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, o.fetch_chunk);
+        for (std::int64_t b = 0; b < stored; b += o.fetch_chunk)
+          inner.put(keys[static_cast<std::size_t>(b / o.fetch_chunk)], full.kv.to_block({b, b + o.fetch_chunk}));
+      }
+      alone.push_back(model.greedy_decode(full.kv, full.logits, o.decode_tokens, -1));
+      requests.push_back({static_cast<std::uint64_t>(i + 1), Session(model, tokens), tokens, o.decode_tokens});
+    }
+    const kvfuse::ServingTrace t =
+        kvfuse::serve(kvfuse::TokenBudgetScheduler({o.compute_chunk}),
+                      kvfuse::BidirectionalLoader<Session, decltype(link)>({o.compute_chunk, o.fetch_chunk}), requests, link);
+    nlohmann::json j;
+    j["serve"]["steps"] = t.steps.size();
+    j["serve"]["token_budget"] = o.compute_chunk;
+    for (std::size_t i = 0; i < t.requests.size(); ++i) {
+      const kvfuse::ServedRequestTrace& r = t.requests[i];
+      const bool same = r.tokens == alone[i];
+      served_exact = served_exact && same;
+      j["serve"]["requests"].push_back({{"id", r.id},
+                                        {"tokens", requests[i].prompt.size()},
+                                        {"stored_prefix", r.loader.stored_tokens},
+                                        {"meet_token", r.loader.meet_token},
+                                        {"loaded_tokens", r.loader.loaded_tokens},
+                                        {"first_token_step", r.first_token_step},
+                                        {"ttft_ms", r.ttft_ms},
+                                        {"tokens_equal_alone", same}});
+    }
+    fmt::print("{}\n", j.dump());
+  };
+  if (o.serve > 0) {
+    if (disk) {
+      served(*disk);
+    } else {
+      served(memory);
+    }
+  }
   if (temp_dir) fs::remove_all(*temp_dir);
-  return exact ? 0 : 3;
+  return exact && served_exact ? 0 : 3;
 } catch (const std::exception& e) {
   fmt::print(stderr, "kvfuse-cake-run: {}\n", e.what());
   return 2;

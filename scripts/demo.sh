@@ -9,7 +9,9 @@
 #      15 MB/s link, 128-token chunks): a 512-token stored prefix of a MuSiQue prompt, computed from the front
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
 #      against full prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
-#      CacheBlend (passages 2-4, reused chunk caches) against full prefill;
+#      CacheBlend (passages 2-4, reused chunk caches, read layer by layer while the model computes) against full
+#      prefill; then three requests (two with stored prefixes) served together in one step loop under Cake's
+#      token budget (serve), each checked against serving it alone;
 #   3. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
@@ -40,10 +42,13 @@ echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
-    --fetch-chunk 128 --compute-chunk 128 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run"
+    --fetch-chunk 128 --compute-chunk 128 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run" \
+    --serve 3 --decode-tokens 8
   echo "(first line: ttft_ms per strategy; matches_full_prefill: every run's first-token logits equal full"
   echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."
-  echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages)"
+  echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages,"
+  echo " their chunk caches read layer by layer while the model computes (chunk_load_wait_ms: what stayed visible);"
+  echo " third line: three requests in one step loop under Cake's token budget, decode first; tokens_equal_alone)"
 fi
 echo
 echo "== Cake, simulated at the paper's scale"
