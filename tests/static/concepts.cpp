@@ -51,6 +51,11 @@ struct StoreWithoutErase {
 static_assert(kvfuse::KVStore<kvfuse::InMemoryKVStore>);
 static_assert(kvfuse::KVStore<kvfuse::DiskKVStore>);
 static_assert(kvfuse::KVStore<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>>);
+// Two tiers exactly: a tiered store is not a tier of another (its tier tags would be overwritten).
+template <class F, class S>
+concept Tierable = requires { typename kvfuse::TieredKVStore<F, S>; };
+static_assert(Tierable<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>);
+static_assert(!Tierable<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>, kvfuse::DiskKVStore>);
 static_assert(kvfuse::ComputeBackend<kvfuse::SimulatedCompute>);
 static_assert(kvfuse::CostModeledCompute<kvfuse::SimulatedCompute>);
 static_assert(kvfuse::KVStore<kvfuse::SimulatedStore>);

@@ -225,6 +225,30 @@ TEST_CASE("a layer read that fails, throws or stalls mid-prefill ends in compute
         CHECK(r.time.chunk_compute_ms > 0.0);
       }
     }
+    SUBCASE("with another chunk cache unusable before the prefill (installed whole): CacheBlend is still exact") {
+      // A's entry was rotated at other positions than recorded: rejected at describe, recomputed, installed
+      // whole. The aborted prefill overwrites A's rows (CacheBlend's S_0 is every row); the restart must
+      // install them again.
+      const std::span<const token_id> a_tokens(p.tokens.data() + p.layout.chunks[1].range.begin, kA.size());
+      const KVKey a_isolated = pipeline.isolated_key(a_tokens);
+      for (const char* method : {"cacheblend", "cacheblend@0.5", "naive"}) {
+        CAPTURE(method);
+        KVBlock moved = *memory.get(a_isolated);
+        moved.first_position = 5;
+        memory.put(a_isolated, moved);
+        store.bad = b_isolated;
+        pipeline.set_load_config(whole_blocks());
+        const FusionResult whole = pipeline.run(p.tokens, p.layout, parse_method(method));
+        memory.put(a_isolated, moved);
+        pipeline.set_load_config(piped);
+        const FusionResult r = pipeline.run(p.tokens, p.layout, parse_method(method));
+        CHECK(r.load.restarts == 1);
+        CHECK(r.rejected_entries == 2);
+        CHECK(r.logits == whole.logits);
+        CHECK(r.selected_per_layer == whole.selected_per_layer);
+        CHECK(r.time.prefill_ms > 0.0);
+      }
+    }
     SUBCASE("a prefix entry: its chunk and the ones after it computed, as if the entry were missing") {
       store.bad = b_prefix;
       const FusionResult r = pipeline.run(p.tokens, p.layout, PrefixCaching{});

@@ -183,7 +183,11 @@ class DiskKVStore {
                     "DiskKVStore::get_range: bytes [{}, {}) of a {}-byte entry", offset, offset + size, info.bytes);
     std::optional<std::vector<std::byte>> out;
     const bool same = with_entry(key, [&](int fd, const Entry& e) -> std::string {
-      if (e.info.version != info.version) return {};  // replaced since describe(): a miss, the file is fine
+      if (e.info.version != info.version || e.info.bytes != info.bytes) return {};  // replaced since describe()
+      if (size == 0) {
+        out.emplace();
+        return {};
+      }
       const std::uint64_t page = e.page_bytes;
       const std::uint64_t first = offset / page;
       const std::uint64_t last = size == 0 ? first : (offset + size - 1) / page + 1;  // pages [first, last)

@@ -50,7 +50,9 @@ struct TierCosts {
   double slow_per_gb = 0.1;
 };
 
+// Two tiers exactly: a tiered store inside another would have its tier tags (KVBlockInfo::tier) overwritten.
 template <KVStore Fast, KVStore Slow>
+  requires(!MeasuredTierStore<Fast> && !MeasuredTierStore<Slow>)
 class TieredKVStore {
  public:
   TieredKVStore(Fast& fast, Slow& slow, TierCosts costs = {}) noexcept : fast_(fast), slow_(slow), costs_(costs) {}

@@ -43,10 +43,12 @@ class LayerPipe {
     return !stop_ && failures_.empty();
   }
 
-  // I/O thread: which stream it reads now (named if the engine gives up waiting for it).
-  void reading(std::size_t stream) {
+  // I/O thread: which stream it reads now (named if the engine gives up waiting for it); false once stopped or
+  // failed (read nothing more).
+  bool reading(std::size_t stream) {
     std::lock_guard lock(m_);
     current_ = stream;
+    return !stop_ && failures_.empty();
   }
 
   void publish(std::int64_t l, Layer layer, double read_ms) {
@@ -57,8 +59,10 @@ class LayerPipe {
     cv_.notify_all();
   }
 
+  // I/O thread: a read failed. Ignored once the engine stopped waiting (it already failed this stream).
   void fail(std::size_t stream, std::string why) {
     std::lock_guard lock(m_);
+    if (stop_) return;
     failures_.emplace_back(stream, std::move(why));
     cv_.notify_all();
   }

@@ -44,9 +44,11 @@
 //                                            their layer-l K and V change
 //   b.shift_layer_rows(l, r, delta)       -> void: RoPE-shift the K of rows r on layer l by delta
 //   b.set_layer_hook(hook)                -> void: from now on every prefill calls hook(l) before it reads layer
-//                                            l's KV (LayerHook, layer_protocol.hpp); an empty hook removes it
-// The pipeline sets the hook for one prefill and removes it after; it calls load_layer_rows / shift_layer_rows
-// from inside the hook, on the engine's thread.
+//                                            l's KV, exactly once per layer, l = 0, 1, ..., L − 1 in order
+//                                            (LayerHook, layer_protocol.hpp); an empty hook removes it
+// The pipeline sets the hook for one prefill and removes it after (a hook the engine had is not kept); it calls
+// load_layer_rows / shift_layer_rows from inside the hook, on the engine's thread. The hook may throw: the
+// prefill must let the exception through.
 //
 // A method that needs the refinement is refused for a backend without it: at compile time when the method's
 // type is static (FusionPipeline::run with CacheBlend), with a named error when it arrives in a FusionMethod.

@@ -122,7 +122,8 @@ struct LoadConfig {
   // L_p, the layers read before layer 0 computes (Cache-Craft eq. 16). 0: from PreloadPlanner on measured times.
   std::int64_t preload_depth = 0;
   // A layer that has not arrived this long after the engine asked for it fails the entry being read (it is
-  // computed instead). 0: wait as long as the store takes.
+  // computed instead). 0: wait as long as the store takes. A read in flight cannot be cancelled: the run returns
+  // once it does, so a store's own timeout bounds a stalled read (one that never returns blocks the run).
   double layer_timeout_ms = 0.0;
 
   void validate() const {
@@ -390,7 +391,8 @@ class FusionPipeline {
   // takes as long as loading it (never below r*), from this plan's loaded tokens and the measured speeds.
   FusionMethod control(const FusionMethod& method, const FusionPlan& plan, FusionResult& out) const {
     const auto* blend = std::get_if<CacheBlend>(&method);
-    if (blend == nullptr || !blend->loading_controller || !measured_.valid) return method;
+    if (blend == nullptr || !blend->loading_controller || !measured_.valid || !(measured_.load_ms_per_byte > 0.0))
+      return method;
     const StorageDevice device{"store", 0.0, 1e3 / measured_.load_ms_per_byte, 0.0};
     out.controller = LoadingController({blend->config.recompute_ratio}).choose_ratio(loading_request(plan), device);
     CacheBlend chosen = with_recompute_ratio(*blend, out.controller->ratio);
@@ -525,6 +527,9 @@ class FusionPipeline {
   {
     FusionPlan& plan = out.plan;
     std::vector<detail::LayerStream> streams;
+    // Chunks installed whole (recomputed isolated caches): an aborted prefill overwrites their rows on the layers
+    // it computed (CacheBlend's S_0 is every row), so they are installed again before the prefill re-runs.
+    std::vector<std::pair<std::size_t, KVBlock>> whole;
     bool prefix_broken = false;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
       ChunkPlan& c = plan.chunks[j];
@@ -543,12 +548,14 @@ class FusionPipeline {
       out.time.load_ms += detail::ms_since(t0);
       if (usable) {
         streams.push_back({j, c.key, *info, backend_->layer_bytes(c.range.size())});
-      } else if (const std::optional<KVBlock> block = reject_entry(c, tokens, out, prefix_broken)) {
+      } else if (std::optional<KVBlock> block = reject_entry(c, tokens, out, prefix_broken)) {
         install(c, *block, out);
+        whole.emplace_back(j, std::move(*block));
       }
     }
     if (out.rejected_entries > 0) finish_plan(plan, method, exact_prefix);
 
+    const FusionTimings before = out.time;  // what the restarts add to these is not prefill time
     const auto t0 = std::chrono::steady_clock::now();
     for (;;) {
       if (streams.empty()) {  // nothing left to read per layer
@@ -563,9 +570,13 @@ class FusionPipeline {
       for (std::size_t f : failed) {
         ChunkPlan& c = plan.chunks[streams[f].chunk];
         bool broken = false;
-        if (const std::optional<KVBlock> block = reject_entry(c, tokens, out, broken)) install(c, *block, out);
+        if (std::optional<KVBlock> block = reject_entry(c, tokens, out, broken)) {
+          install(c, *block, out);
+          whole.emplace_back(streams[f].chunk, std::move(*block));
+        }
         if (broken) broken_at = std::min(broken_at, streams[f].chunk);
       }
+      for (const auto& [j, block] : whole) install(plan.chunks[j], block, out);  // idempotent
       std::vector<detail::LayerStream> kept;
       for (std::size_t i = 0; i < streams.size(); ++i) {
         ChunkPlan& c = plan.chunks[streams[i].chunk];
@@ -579,7 +590,8 @@ class FusionPipeline {
       streams = std::move(kept);
       finish_plan(plan, method, exact_prefix);
     }
-    out.time.prefill_ms = detail::ms_since(t0) - out.time.chunk_compute_ms;  // restarts' recomputed chunk caches
+    out.time.prefill_ms = detail::ms_since(t0) - (out.time.chunk_compute_ms - before.chunk_compute_ms) -
+                          (out.time.load_ms - before.load_ms) - (out.time.shift_ms - before.shift_ms);
   }
 
   // One prefill with the I/O thread reading `streams` a layer ahead. Returns false, with the indices of the
@@ -613,14 +625,26 @@ class FusionPipeline {
     }
 
     detail::LayerPipe pipe(static_cast<std::size_t>(num_layers));
-    std::thread io([&] {
+    auto mark = clock::now();
+    std::thread io;
+    struct Stop {  // on every way out: no hook left with dangling references, the I/O thread joined
+      Backend* backend;
+      detail::LayerPipe& pipe;
+      std::thread& io;
+      ~Stop() {
+        backend->set_layer_hook({});
+        pipe.stop();
+        if (io.joinable()) io.join();
+      }
+    } const stop_io{backend_, pipe, io};
+    io = std::thread([&] {
       for (std::int64_t l = 0; l < num_layers; ++l) {
         if (!pipe.wait_to_read(l, trace.depth)) return;  // Algorithm 2: layer l once layer l − L_p − 1 is done
         const auto t0 = clock::now();
         std::vector<std::vector<std::byte>> layer(streams.size());
         for (std::size_t i = 0; i < streams.size(); ++i) {
           const detail::LayerStream& st = streams[i];
-          pipe.reading(i);
+          if (!pipe.reading(i)) return;  // the engine gave up (timeout) or stopped: read no further entry
           std::string why;
           try {
             std::optional<std::vector<std::byte>> bytes =
@@ -632,6 +656,8 @@ class FusionPipeline {
             why = fmt::format("layer {} of the entry is missing, changed or corrupt", l);
           } catch (const std::exception& e) {
             why = fmt::format("reading layer {} failed: {}", l, e.what());
+          } catch (...) {
+            why = fmt::format("reading layer {} failed: unknown exception", l);
           }
           pipe.fail(i, std::move(why));
           return;
@@ -640,7 +666,7 @@ class FusionPipeline {
       }
     });
 
-    auto mark = clock::now();
+    mark = clock::now();
     const auto hook = [&](std::int64_t l) {
       const auto entered = clock::now();
       if (l > 0) trace.layers[static_cast<std::size_t>(l - 1)].compute_ms = std::chrono::duration<double, std::milli>(entered - mark).count();
@@ -665,12 +691,7 @@ class FusionPipeline {
       out.logits = prefill(plan, method, out, &policy_ms);
     } catch (const detail::LayerReadFailed&) {
       stopped = true;
-    } catch (...) {
-      backend_->set_layer_hook({});
-      pipe.stop();
-      io.join();
-      throw;
-    }
+    }  // anything else propagates; stop_io removes the hook and joins
     backend_->set_layer_hook({});
     pipe.stop();
     io.join();
