@@ -1,7 +1,9 @@
 // kvfuse-rag-eval: every reuse method on the real model over MuSiQue, measured against full prefill of the
 // same prompt in the same run: TTFT and its ratio to full prefill, fraction of tokens recomputed, fidelity
-// (KL of the first answer token's distribution, exact match and ROUGE-L of the greedy answer against the
-// full-prefill answer) and token F1 against the gold answers. Writes results.json, results.md and
+// (KL of the first answer token's distribution; teacher-forced over the full-prefill greedy answer, whose tokens
+// are fed after each method's KV: mean KL(full ‖ method) over them, their top-1 agreement, and the share of naive
+// reuse's KL gap closed, gap_closed = 1 − KL / KL_naive; exact match and ROUGE-L of the greedy answer against
+// the full-prefill answer) and token F1 against the gold answers. Writes results.json, results.md and
 // fidelity_ttft.png (gnuplot) to --out.
 //
 //   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
@@ -185,16 +187,22 @@ struct Sums {
 std::string markdown_table(const nlohmann::json& results, const std::vector<std::string>& methods) {
   // "load ms (wait / read)": load time still visible in TTFT / time the store spent reading; with --pipeline on
   // the difference was hidden behind compute.
+  // "KL answer / top-1": teacher-forced over the full-prefill answer (- when every full answer was empty).
   std::string s = fmt::format(
-      "| method | TTFT ms | × full (mean / median) | recomputed | load ms (wait / read) | KL first token | EM vs full | "
-      "ROUGE-L vs full | F1 vs gold |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| method | TTFT ms | × full (mean / median) | recomputed | load ms (wait / read) | KL first token | "
+      "KL answer / top-1 | EM vs full | ROUGE-L vs full | F1 vs gold |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const std::string& m : methods) {
     const nlohmann::json& r = results["methods"][m];
-    s += fmt::format("| {} | {:.0f} | {:.3f} / {:.3f} | {:.1f} % | {:.0f} / {:.0f} | {:.4f} | {:.2f} | {:.3f} | {:.3f} |\n",
+    const std::string forced = r.contains("kl_answer_mean")
+                                   ? fmt::format("{:.4f} / {:.2f}", r["kl_answer_mean"].get<double>(),
+                                                 r["top1_answer_agreement"].get<double>())
+                                   : std::string("-");
+    s += fmt::format("| {} | {:.0f} | {:.3f} / {:.3f} | {:.1f} % | {:.0f} / {:.0f} | {:.4f} | {} | {:.2f} | {:.3f} | {:.3f} |\n",
                      m, r["ttft_ms"].get<double>(), r["ttft_ratio_vs_full"].get<double>(),
                      r["ttft_ratio_vs_full_median"].get<double>(), 100.0 * r["recompute_fraction"].get<double>(),
                      r["load_wait_ms"].get<double>(), r["load_read_ms"].get<double>(),
-                     r["kl_first_token"].get<double>(), r["exact_match_vs_full"].get<double>(),
+                     r["kl_first_token"].get<double>(), forced, r["exact_match_vs_full"].get<double>(),
                      r["rouge_l_vs_full"].get<double>(), r["f1_vs_gold"].get<double>());
   }
   return s;
@@ -297,19 +305,28 @@ int main(int argc, char** argv) try {
                         {"question", q.question}, {"gold", q.answers}, {"offline_ms", q_offline},
                         {"chunk_caches_computed", computed}};
       std::vector<float> full_logits;
+      std::vector<kvfuse::token_id> full_ids;         // the full-prefill greedy answer
+      std::vector<std::vector<float>> full_forced;   // full prefill's distributions over it
       std::string full_answer;
       double full_ms = 0.0;
       std::string progress;
       for (std::size_t mi = 0; mi < methods.size(); ++mi) {
         kvfuse::FusionResult r = pipeline.run(prompt.tokens, layout, methods[mi]);
         const double ttft = r.time.ttft_ms();
-        const std::string answer =
-            answer_text(tok, model.greedy_decode(pipeline.backend().kv(), r.logits, o.max_new_tokens, tok.eos()));
+        const kvfuse::LlamaKVCache prompt_kv = pipeline.backend().kv();
+        const std::vector<kvfuse::token_id> ids =
+            model.greedy_decode(pipeline.backend().kv(), r.logits, o.max_new_tokens, tok.eos());
+        const std::string answer = answer_text(tok, ids);
         if (mi == 0) {
           full_logits = r.logits;
           full_answer = answer;
           full_ms = ttft;
+          full_ids = ids;
         }
+        // Teacher forcing: the full-prefill answer's tokens fed after this method's KV (and after full prefill's).
+        kvfuse::LlamaKVCache forced_kv = prompt_kv;
+        const std::vector<std::vector<float>> forced = model.forced_logits(forced_kv, r.logits, full_ids);
+        if (mi == 0) full_forced = forced;
         std::map<std::string, double> m{
             {"ttft_ms", ttft},
             {"ttft_ratio_vs_full", ttft / full_ms},
@@ -331,6 +348,11 @@ int main(int argc, char** argv) try {
         if (r.controller) m["controller_ratio"] = r.controller->ratio;
         if (r.tier) m["tier_placement"] = static_cast<double>(r.tier->device.value_or(0));  // 0 memory, 1 disk
         if (r.focus) m["focus_cutoff_layer"] = static_cast<double>(r.focus->cutoff_layer);
+        if (!full_ids.empty()) {
+          const kvfuse::eval::TeacherForced tf = kvfuse::eval::teacher_forced(full_forced, forced);
+          m["kl_answer_mean"] = tf.kl_mean;
+          m["top1_answer_agreement"] = tf.top1_agreement;
+        }
         sums[o.methods[mi]].add(m);
         nlohmann::json mj(m);
         mj["answer"] = answer;
@@ -395,6 +417,13 @@ int main(int argc, char** argv) try {
     for (const std::string& m : o.methods)
       results["methods"][m]["kl_gap_recovered_vs_naive"] =
           1.0 - results["methods"][m]["kl_first_token"].get<double>() / naive_kl;
+  }
+  // The same over the teacher-forced answer: gap_closed = 1 − KL_answer(method) / KL_answer(naive).
+  if (results["methods"].contains("naive") && results["methods"]["naive"].contains("kl_answer_mean") &&
+      results["methods"]["naive"]["kl_answer_mean"].get<double>() > 0.0) {
+    const double naive_kl = results["methods"]["naive"]["kl_answer_mean"].get<double>();
+    for (const std::string& m : o.methods)
+      results["methods"][m]["gap_closed"] = 1.0 - results["methods"][m]["kl_answer_mean"].get<double>() / naive_kl;
   }
   results["per_question"] = per_question;
   {

@@ -33,6 +33,15 @@ for n in names[1:]:
     assert m["kl_first_token"] >= 0.0, (n, m)
 # Prefix caching reuses exact in-context KV: the same first-token distribution up to float rounding.
 assert r["methods"]["prefix"]["kl_first_token"] < 1e-6, r["methods"]["prefix"]
+# Teacher-forced fidelity over the full-prefill answer: full agrees with itself exactly; naive's gap is the unit.
+assert r["per_question"][0]["methods"]["full"]["answer"] != ""
+for n in names:
+    for k in ["kl_answer_mean", "top1_answer_agreement", "gap_closed"]:
+        assert k in r["methods"][n], (n, k)
+    assert r["methods"][n]["kl_answer_mean"] >= 0.0 and 0.0 <= r["methods"][n]["top1_answer_agreement"] <= 1.0
+assert full["kl_answer_mean"] == 0.0 and full["top1_answer_agreement"] == 1.0 and full["gap_closed"] == 1.0, full
+assert r["methods"]["naive"]["gap_closed"] == 0.0, r["methods"]["naive"]
+assert r["methods"]["prefix"]["kl_answer_mean"] < 1e-6, r["methods"]["prefix"]
 print("results.json ok:", {n: round(r["methods"][n]["recompute_fraction"], 3) for n in names})
 PY
 # A second run finds every chunk cache on disk (--cache-dir persists across runs).

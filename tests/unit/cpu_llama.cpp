@@ -579,6 +579,25 @@ TEST_CASE("greedy decoding from an assembled KV equals argmax of full prefill st
   CHECK(session.kv().num_rows() == 6);  // generate decodes on a copy
 }
 
+TEST_CASE("teacher forcing: forced_logits gives the distribution before each given token, as full prefill does") {
+  const CpuLlama model = tiny_model(RopePairing::interleaved, 11);
+  const std::vector<token_id> prompt = prompt_tokens(6, 2);
+  const std::vector<token_id> forced = {3, 17, 5, 9};  // not the model's greedy choices
+  kvfuse::LlamaPrefill pre = model.full_prefill(prompt);
+  const std::vector<std::vector<float>> logits = model.forced_logits(pre.kv, pre.logits, forced);
+  REQUIRE(logits.size() == forced.size());
+  CHECK(pre.kv.num_rows() == 9);  // the prompt and every forced token but the last
+  std::vector<token_id> seen = prompt;
+  for (std::size_t i = 0; i < forced.size(); ++i) {
+    CAPTURE(i);
+    CHECK(kvfuse_test::diff(logits[i], model.full_prefill(seen).logits).rounding());
+    seen.push_back(forced[i]);
+  }
+  CHECK(model.forced_logits(pre.kv, pre.logits, {}).empty());
+  CHECK_THROWS_WITH_AS((void)model.forced_logits(pre.kv, std::vector<float>(3), forced),
+                       doctest::Contains("3 logits for a vocabulary of"), kvfuse::error);
+}
+
 TEST_CASE("CpuLlamaSession models ComputeBackend: install, export, and Cake's compute-front / load-back split") {
   const CpuLlama model = tiny_model();
   const std::vector<token_id> tokens = prompt_tokens(12, 6);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -169,4 +170,21 @@ TEST_CASE("kl_divergence rejects mismatched, empty and non-finite input, naming 
                        kvfuse::error);
   const std::vector<float> with_inf{0.0F, std::numeric_limits<float>::infinity()};
   CHECK_THROWS_WITH_AS((void)kl_divergence(two, with_inf), doctest::Contains("logits[1] = inf"), kvfuse::error);
+}
+
+TEST_CASE("teacher_forced: mean KL and top-1 agreement over an answer's tokens; bad input named") {
+  const std::vector<std::vector<float>> full = {{1.0f, 2.0f, 3.0f}, {3.0f, 0.0f, 0.0f}, {0.0f, 5.0f, 1.0f}};
+  const kvfuse::eval::TeacherForced same = kvfuse::eval::teacher_forced(full, full);
+  CHECK(same.kl_mean == 0.0);
+  CHECK(same.top1_agreement == 1.0);
+  CHECK(same.tokens == 3);
+  std::vector<std::vector<float>> method = full;
+  method[1] = {0.0f, 3.0f, 0.0f};  // another top-1 on token 1
+  const kvfuse::eval::TeacherForced t = kvfuse::eval::teacher_forced(full, method);
+  CHECK(t.top1_agreement == doctest::Approx(2.0 / 3.0));
+  CHECK(t.kl_mean == doctest::Approx(kl_divergence(full[1], method[1]) / 3.0));
+  CHECK(t.kl_mean > 0.0);
+  CHECK_THROWS_WITH_AS((void)kvfuse::eval::teacher_forced(full, std::span(method).first(2)),
+                       doctest::Contains("3 reference distributions but 2"), kvfuse::error);
+  CHECK_THROWS_AS((void)kvfuse::eval::teacher_forced({}, {}), kvfuse::error);
 }

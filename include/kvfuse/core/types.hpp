@@ -113,6 +113,15 @@ struct KVBlockInfo {
   return keys;
 }
 
+// Index of the largest logit (greedy decoding's token), the lowest index among equals.
+[[nodiscard]] inline token_id argmax_token(std::span<const float> logits) {
+  detail::require(!logits.empty(), "argmax_token: no logits");
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<token_id>(best);
+}
+
 }  // namespace kvfuse
 
 template <>

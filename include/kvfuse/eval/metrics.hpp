@@ -1,7 +1,9 @@
 #pragma once
 // Quality metrics for a RAG evaluation (e.g. MuSiQue) that compares a KV-reuse method against full prefill:
 //  - fidelity to full prefill: kl_divergence of the first answer token's distribution (full-prefill logits
-//    as the reference), and exact_match / rouge_l of the greedy answer against the full-prefill answer;
+//    as the reference); teacher_forced: the mean KL and top-1 agreement over the full-prefill answer's tokens,
+//    fed to both (a weak model's diverging greedy answers cannot blur it); exact_match / rouge_l of the greedy
+//    answer against the full-prefill answer;
 //  - accuracy: token_f1 / max_token_f1 of the answer against the gold answers, as in CacheBlend's and
 //    MuSiQue's evaluation.
 // Text metrics compare answers after normalize_answer, the official SQuAD / HotpotQA / MuSiQue
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/types.hpp"
 
 namespace kvfuse::detail {
 
@@ -192,6 +195,31 @@ namespace kvfuse::eval {
   double kl = 0.0;
   for (std::size_t i = 0; i < log_p.size(); ++i) kl += std::exp(log_p_ref[i]) * (log_p_ref[i] - log_p[i]);
   return std::max(kl, 0.0);
+}
+
+// Teacher-forced fidelity over an answer: reference[i] and method[i] are the distributions (logits) that predict
+// answer token i after the same answer prefix, from full prefill's KV and from the method's.
+struct TeacherForced {
+  double kl_mean = 0.0;         // mean over tokens of KL(full ‖ method)
+  double top1_agreement = 0.0;  // share of tokens where both put the same token first
+  std::size_t tokens = 0;
+};
+
+// Throws when the two sequences differ in length or are empty, and as kl_divergence does.
+[[nodiscard]] inline TeacherForced teacher_forced(std::span<const std::vector<float>> reference,
+                                                  std::span<const std::vector<float>> method) {
+  detail::require(reference.size() == method.size() && !reference.empty(),
+                  "teacher_forced: {} reference distributions but {} of the method (need the same, >= 1)",
+                  reference.size(), method.size());
+  TeacherForced out;
+  out.tokens = reference.size();
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    out.kl_mean += kl_divergence(reference[i], method[i]);
+    out.top1_agreement += argmax_token(reference[i]) == argmax_token(method[i]) ? 1.0 : 0.0;
+  }
+  out.kl_mean /= static_cast<double>(out.tokens);
+  out.top1_agreement /= static_cast<double>(out.tokens);
+  return out;
 }
 
 }  // namespace kvfuse::eval

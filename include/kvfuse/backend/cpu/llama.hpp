@@ -88,15 +88,6 @@ struct CpuLlamaOptions {
   }
 };
 
-// Index of the largest value, the lowest index among equals.
-[[nodiscard]] inline token_id argmax_token(std::span<const float> logits) {
-  detail::require(!logits.empty(), "argmax_token: no logits");
-  std::size_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = i;
-  return static_cast<token_id>(best);
-}
-
 class CpuLlamaSession;
 
 class CpuLlama {
@@ -262,6 +253,20 @@ class CpuLlama {
       if (static_cast<std::int64_t>(out.size()) == max_new_tokens) break;
       logits = extend(kv, std::span<const token_id>(&out.back(), 1));
     }
+    return out;
+  }
+
+  // Teacher forcing: the distributions that predict each of `tokens` after kv's last token (whose logits are
+  // `last_logits`), feeding `tokens` themselves, not the model's choices: [last_logits, logits after tokens[0],
+  // ..., after tokens[m − 2]]. kv grows by m − 1 tokens (extend, one token at a time, as decoding does).
+  std::vector<std::vector<float>> forced_logits(LlamaKVCache& kv, std::span<const float> last_logits,
+                                                std::span<const token_id> tokens) const {
+    detail::require(static_cast<std::int64_t>(last_logits.size()) == config_.n_vocab,
+                    "CpuLlama::forced_logits: {} logits for a vocabulary of {}", last_logits.size(), config_.n_vocab);
+    std::vector<std::vector<float>> out;
+    if (tokens.empty()) return out;
+    out.emplace_back(last_logits.begin(), last_logits.end());
+    for (std::size_t i = 0; i + 1 < tokens.size(); ++i) out.push_back(extend(kv, tokens.subspan(i, 1)));
     return out;
   }
 
