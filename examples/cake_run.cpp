@@ -93,7 +93,7 @@ Options parse(int argc, char** argv) {
   kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk}.validate();
   (void)kvfuse::parse_method(o.method);  // refuse a bad name before any work
   o.link.validate();
-  if (o.model.empty()) o.model = default_model();
+  o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
   kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
                           o.model);
   return o;
@@ -146,7 +146,7 @@ int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
   const std::vector<Question> questions = load_questions(o.data, o.start, o.limit, 10);
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
-  const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
   kvfuse::CpuLlamaOptions model_options;
   model_options.threads = static_cast<int>(o.threads);
   const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);

@@ -108,7 +108,8 @@ int main() try {
   fmt::print("{:<20} {:<40} {:>10} {:>14}\n", "method", "sources (system, passages 1-3)", "recomputed",
              "max |dlogit|");
   for (const char* name :
-       {"full", "cacheblend@1", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cachecraft-nofocus"}) {
+       {"full", "cacheblend@1", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cachecraft-nofocus",
+        "queryaware"}) {
     const kvfuse::FusionResult r = pipeline.run(prompt.tokens, prompt.layout, kvfuse::parse_method(name));
     std::string sources;
     for (const kvfuse::ChunkPlan& c : r.plan.chunks) sources += fmt::format("{:<10}", source_name(c.source));

@@ -5,7 +5,7 @@
 //                 [--last | --stride K] [--generate N] [--threads T] [--tokenize]
 //
 //   --ids       token ids, comma-separated (no tokenizer involved)
-//   --text      UTF-8 text, tokenized by kvfuse's BPETokenizer with control-token text parsed ("<|im_start|>"
+//   --text      UTF-8 text, tokenized by kvfuse's Tokenizer with control-token text parsed ("<|im_start|>"
 //               becomes that token); BOS is prepended when the vocabulary says add_bos
 //   --chat      wrap --text as one user message in the model's chat template with the generation prompt
 //               (the template's default system message included)
@@ -171,7 +171,7 @@ void write_row(std::ofstream& out, std::span<const float> row, const std::string
 
 int run(const Args& a) {
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(a.model);
-  const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
 
   std::vector<kvfuse::token_id> ids;
   if (a.has_ids) {
@@ -179,6 +179,8 @@ int run(const Args& a) {
   } else {
     std::string text = a.text;
     if (a.chat) {
+      kvfuse::detail::require(!tok.chat_template().empty(), "--chat: {} has no chat template (a base model)",
+                              a.model);
       const std::vector<kvfuse::ChatMessage> messages{{"user", a.text}};
       text = tok.format_chat(messages, /*add_generation_prompt=*/true);
     }

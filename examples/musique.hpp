@@ -1,5 +1,5 @@
 #pragma once
-// What the real-model examples share: command-line number and list parsing, the default model path (as
+// What the real-model examples share: command-line number and list parsing, the model paths (as
 // scripts/fetch_model.sh), and MuSiQue questions (ctxs[].text, question, answers[]).
 #include <charconv>
 #include <cstdint>
@@ -42,18 +42,26 @@ inline std::vector<std::string> split(std::string_view s) {
   return out;
 }
 
-inline std::string default_model() {
-  if (const char* m = std::getenv("KVFUSE_MODEL"); m != nullptr && *m != '\0') return m;
-  std::filesystem::path cache;
-  if (const char* c = std::getenv("KVFUSE_CACHE_DIR"); c != nullptr && *c != '\0') {
-    cache = c;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    cache = std::filesystem::path(x) / "kvfuse";
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = std::filesystem::path(home != nullptr ? home : ".") / ".cache" / "kvfuse";
-  }
-  return (cache / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+// ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfuse}, where scripts/fetch_model.sh keeps the models.
+inline std::filesystem::path cache_dir() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  if (!env("KVFUSE_CACHE_DIR").empty()) return env("KVFUSE_CACHE_DIR");
+  if (!env("XDG_CACHE_HOME").empty()) return std::filesystem::path(env("XDG_CACHE_HOME")) / "kvfuse";
+  const std::string home = env("HOME");
+  return std::filesystem::path(home.empty() ? "." : home) / ".cache" / "kvfuse";
+}
+
+// A model by name as scripts/fetch_model.sh fetches it ("smollm2": $KVFUSE_MODEL or the cached SmolLM2 file;
+// "gemma3": $KVFUSE_GEMMA3_MODEL or the cached Gemma 3 270M file); any other argument is a path.
+inline std::string resolve_model(std::string_view name_or_path = "smollm2") {
+  if (name_or_path != "smollm2" && name_or_path != "gemma3") return std::string(name_or_path);
+  const bool smollm2 = name_or_path == "smollm2";
+  if (const char* m = std::getenv(smollm2 ? "KVFUSE_MODEL" : "KVFUSE_GEMMA3_MODEL"); m != nullptr && *m != '\0')
+    return m;
+  return (cache_dir() / (smollm2 ? "SmolLM2-135M-Instruct.Q4_1.gguf" : "gemma-3-270m-q4_k_m.gguf")).string();
 }
 
 struct Question {
@@ -62,9 +70,8 @@ struct Question {
   std::vector<std::string> answers;
 };
 
-// Questions [start, start + limit) of a MuSiQue JSON file, with at most `max_passages` passages each.
-inline std::vector<Question> load_questions(const std::string& path, std::int64_t start, std::int64_t limit,
-                                            std::int64_t max_passages) {
+// A MuSiQue JSON file: an array of questions.
+inline nlohmann::json read_dataset(const std::string& path) {
   std::ifstream in(path);
   kvfuse::detail::require(in.good(), "--data: cannot open '{}'", path);
   nlohmann::json data;
@@ -74,9 +81,21 @@ inline std::vector<Question> load_questions(const std::string& path, std::int64_
     throw kvfuse::error(fmt::format("--data: '{}' is not valid JSON: {}", path, e.what()));
   }
   kvfuse::detail::require(data.is_array(), "--data: '{}' must hold a JSON array of questions", path);
-  kvfuse::detail::require(start + limit <= static_cast<std::int64_t>(data.size()),
-                          "--data: '{}' has {} questions; --start {} --limit {} asks for more", path, data.size(),
-                          start, limit);
+  return data;
+}
+
+inline std::int64_t question_count(const std::string& path) {
+  return static_cast<std::int64_t>(read_dataset(path).size());
+}
+
+// Questions [start, start + limit) of a MuSiQue JSON file, with at most `max_passages` passages each.
+inline std::vector<Question> load_questions(const std::string& path, std::int64_t start, std::int64_t limit,
+                                            std::int64_t max_passages) {
+  const nlohmann::json data = read_dataset(path);
+  const auto size = static_cast<std::int64_t>(data.size());
+  kvfuse::detail::require(start >= 0 && limit >= 0 && start <= size && limit <= size - start,
+                          "--data: '{}' has {} questions; --start {} --limit {} asks for more", path, size, start,
+                          limit);
   std::vector<Question> out;
   for (std::int64_t q = start; q < start + limit; ++q) {
     const nlohmann::json& item = data[static_cast<std::size_t>(q)];

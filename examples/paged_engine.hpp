@@ -89,15 +89,16 @@ class PagedEngine {
   }
 
   // Fixed set: recompute `rows` on every layer against the resident KV, the rest keep theirs.
-  std::vector<float> prefill(const kvfuse::TokenSet& rows) { return prefill(rows, {}, nullptr); }
+  std::vector<float> prefill(const kvfuse::TokenSet& rows) { return prefill(rows, {}, {}); }
 
-  // Per layer: S_0 = rows; after layer l, report deviations (and attention over `groups`) to `next`, whose
-  // answer is S_{l+1}. Returns the last row's logits.
+  // Per layer: S_0 = rows; after layer l, report deviations (and the statistics `stats` asks for: attention over
+  // its groups, the query's attention mass) to `next`, whose answer is S_{l+1}. Returns the last row's logits.
   std::vector<float> prefill(const kvfuse::TokenSet& rows, const kvfuse::SelectionPolicy& next,
-                             const kvfuse::PromptLayout* groups) {
+                             const kvfuse::StatisticsRequest& stats) {
     kvfuse::LlamaKVCache kv = gather();
     kvfuse::PartialPrefillOptions options;
-    options.attention_groups = groups;
+    options.attention_groups = stats.groups;
+    options.query_mass_rows = stats.query;
     std::vector<float> logits = model_->partial_prefill(tokens_, kv, rows, next, options).logits;
     scatter(kv);
     return logits;

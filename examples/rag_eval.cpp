@@ -3,14 +3,24 @@
 // (KL of the first answer token's distribution; teacher-forced over the full-prefill greedy answer, whose tokens
 // are fed after each method's KV: mean KL(full ‖ method) over them, their top-1 agreement, and the share of naive
 // reuse's KL gap closed, gap_closed = 1 − KL / KL_naive; exact match and ROUGE-L of the greedy answer against
-// the full-prefill answer) and token F1 against the gold answers. Writes results.json, results.md and
-// fidelity_ttft.png (gnuplot) to --out.
+// the full-prefill answer) and token F1 against the gold answers. Writes results.json and results.md to --out
+// after each question (an interrupted run keeps what it measured), and fidelity_ttft.png (gnuplot) at the end.
 //
 //   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
-//                   [--out DIR] [--cache-dir DIR] [--model GGUF] [--threads 0] [--no-plot] [--store-dtype f32]
-//                   [--store memory|disk|tiered] [--link-mbps X] [--link-latency-ms Y] [--pipeline on|off]
-//                   [--split-tokens N]
+//                   [--out DIR] [--cache-dir DIR] [--model smollm2|gemma3|GGUF] [--threads 0] [--no-plot]
+//                   [--store-dtype f32] [--store memory|disk|tiered] [--link-mbps X] [--link-latency-ms Y]
+//                   [--pipeline on|off] [--split-tokens N]
+//                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
+//
+// --model smollm2 (default) or gemma3 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF path.
+//
+// --calibrated: the per-model correctness gate (kvfuse/fusion/calibration.hpp) picks each method family named
+// without a setting in --methods (cacheblend, attnlink, cachecraft, queryaware): the cheapest setting whose
+// teacher-forced KL over full prefill's answer stays within --calibration-kl with top-1 agreement at least
+// --calibration-top1, measured on the last --calibration-questions questions of --data (which the evaluated
+// questions must not include). A family with no such setting is refused for the model and not run. Results are
+// cached per model fingerprint in <kvfuse cache>/calibration; results.json records them under "calibration".
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
@@ -54,6 +64,7 @@
 #include "kvfuse/backend/throttled_kv_store.hpp"
 #include "kvfuse/backend/tiered_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
+#include "kvfuse/eval/calibrate.hpp"
 #include "kvfuse/eval/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 
@@ -62,7 +73,6 @@
 namespace {
 
 namespace fs = std::filesystem;
-using kvfuse_example::default_model;
 using kvfuse_example::load_questions;
 using kvfuse_example::parse_int;
 using kvfuse_example::Question;
@@ -82,6 +92,9 @@ struct Options {
   std::vector<std::string> methods;
   std::int64_t limit = 20, start = 0, max_passages = 10, max_passage_tokens = 0, max_new_tokens = 32, threads = 0;
   bool plot = true;
+  bool calibrated = false;
+  std::int64_t calibration_questions = 3;
+  kvfuse::CalibrationBudget calibration_budget;
 };
 
 kvfuse::DType parse_dtype(std::string_view v) {
@@ -97,6 +110,10 @@ Options parse(int argc, char** argv) {
     const std::string_view flag = argv[i];
     if (flag == "--no-plot") {
       o.plot = false;
+      continue;
+    }
+    if (flag == "--calibrated") {
+      o.calibrated = true;
       continue;
     }
     kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
@@ -115,6 +132,9 @@ Options parse(int argc, char** argv) {
     else if (flag == "--threads") o.threads = parse_int(flag, v);
     else if (flag == "--store") o.store = v;
     else if (flag == "--split-tokens") o.split_tokens = parse_int(flag, v);
+    else if (flag == "--calibration-questions") o.calibration_questions = parse_int(flag, v);
+    else if (flag == "--calibration-kl") o.calibration_budget.max_kl_answer = kvfuse_example::parse_real(flag, v);
+    else if (flag == "--calibration-top1") o.calibration_budget.min_top1_agreement = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-mbps") o.link_mbps = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link_latency_ms = kvfuse_example::parse_real(flag, v);
     else if (flag == "--pipeline") {
@@ -136,7 +156,7 @@ Options parse(int argc, char** argv) {
                           o.link_mbps);
   kvfuse::detail::require(std::isfinite(o.link_latency_ms) && o.link_latency_ms >= 0,
                           "--link-latency-ms: {} must be >= 0", o.link_latency_ms);
-  if (o.model.empty()) o.model = default_model();
+  o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
   kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
                           o.model);
   o.methods = split(methods);
@@ -144,21 +164,31 @@ Options parse(int argc, char** argv) {
   std::erase(o.methods, std::string("full"));
   o.methods.insert(o.methods.begin(), "full");
   for (const std::string& m : o.methods) (void)kvfuse::parse_method(m);  // refuse bad names before any work
+  o.calibration_budget.validate();
+  kvfuse::detail::require(o.calibration_questions >= 1, "--calibration-questions: {} must be >= 1",
+                          o.calibration_questions);
   return o;
 }
 
+// `text` up to its first byte that is not valid UTF-8: a cut through a SentencePiece byte-fallback
+// sequence leaves a partial character at the end.
+std::string valid_utf8_prefix(std::string text) {
+  text.resize(kvfuse::detail::utf8_invalid_offset(text));
+  return text;
+}
+
 // A passage cut to its first `max_tokens` tokens (0: whole), for short test prompts.
-std::string truncate_passage(const kvfuse::BPETokenizer& tok, const std::string& text, std::int64_t max_tokens) {
+std::string truncate_passage(const kvfuse::Tokenizer& tok, const std::string& text, std::int64_t max_tokens) {
   if (max_tokens == 0) return text;
   auto ids = tok.encode(text, false);
   if (static_cast<std::int64_t>(ids.size()) <= max_tokens) return text;
   ids.resize(static_cast<std::size_t>(max_tokens));
-  return tok.decode(ids, false);
+  return valid_utf8_prefix(tok.decode(ids, false));
 }
 
-std::string answer_text(const kvfuse::BPETokenizer& tok, std::vector<kvfuse::token_id> ids) {
+std::string answer_text(const kvfuse::Tokenizer& tok, std::vector<kvfuse::token_id> ids) {
   while (!ids.empty() && tok.is_end_of_generation(ids.back())) ids.pop_back();
-  return tok.decode(ids, false);
+  return valid_utf8_prefix(tok.decode(ids, false));  // a 32-token answer can end inside a character
 }
 
 // Means over questions of one method's metrics.
@@ -216,8 +246,8 @@ void write_plot(const fs::path& out, const nlohmann::json& results, const std::v
     std::ofstream d(dat);
     for (const std::string& m : methods) {
       const nlohmann::json& r = results["methods"][m];
-      constexpr std::array<std::string_view, 6> families{"full", "prefix", "naive", "cacheblend", "attnlink",
-                                                         "cachecraft"};
+      constexpr std::array<std::string_view, 7> families{"full",     "prefix",     "naive",     "cacheblend",
+                                                         "attnlink", "cachecraft", "queryaware"};
       const auto colour = std::find(families.begin(), families.end(), m.substr(0, m.find_first_of("@-"))) -
                           families.begin() + 1;
       d << fmt::format("\"{}\" {} {} {} {}\n", m, r["ttft_ratio_vs_full"].get<double>(),
@@ -252,10 +282,10 @@ void write_plot(const fs::path& out, const nlohmann::json& results, const std::v
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Options o = parse(argc, argv);
+  Options o = parse(argc, argv);
   const std::vector<Question> questions = load_questions(o.data, o.start, o.limit, o.max_passages);
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
-  const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
   kvfuse::CpuLlamaOptions model_options;
   model_options.threads = static_cast<int>(o.threads);
   const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
@@ -269,35 +299,169 @@ int main(int argc, char** argv) try {
   kvfuse::LoadConfig load;
   load.layerwise = o.pipeline;
 
-  std::vector<kvfuse::FusionMethod> methods;
-  for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
   std::map<std::string, Sums> sums;
   nlohmann::json per_question = nlohmann::json::array();
   double offline_ms = 0.0;
   std::int64_t total_tokens = 0;
   std::int64_t chunk_caches_computed = 0;  // isolated chunk caches the store did not hold yet
 
+  // A question's prompt [system, passages..., question] and an earlier prompt whose in-context KV becomes the
+  // prefix-cache entries and the Cache-Craft variants (first passage kept, the rest reversed).
+  struct QuestionPrompts {
+    std::vector<kvfuse::token_id> tokens, warm_tokens;
+    kvfuse::PromptLayout layout, warm_layout;
+  };
+  const auto prompts_of = [&](const Question& q) {
+    std::vector<std::string> passages;
+    for (const std::string& p : q.passages) passages.push_back(truncate_passage(tok, p, o.max_passage_tokens));
+    const auto chunked = [&o](const kvfuse::PromptLayout& l) {
+      return o.split_tokens > 0 ? kvfuse::split_long_chunks(l, kvfuse::KVSplit({o.split_tokens})) : l;
+    };
+    const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
+    std::vector<std::string> earlier = passages;
+    std::reverse(earlier.begin() + 1, earlier.end());
+    const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
+    return QuestionPrompts{prompt.tokens, warm.tokens, chunked(prompt.layout()), chunked(warm.layout())};
+  };
+  kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
+
+  // The per-model correctness gate: each family named without a setting runs at its calibrated setting.
+  nlohmann::json calibration = nlohmann::json::object();
+  if (o.calibrated) {
+    const std::int64_t first = kvfuse_example::question_count(o.data) - o.calibration_questions;
+    kvfuse::detail::require(first >= o.start + o.limit,
+                            "--calibrated: the last {} questions of '{}' (from {}) calibrate, and --start {} --limit {} "
+                            "overlaps them",
+                            o.calibration_questions, o.data, first, o.start, o.limit);
+    kvfuse::InMemoryKVStore calibration_store;
+    kvfuse::FusionPipeline calibration_pipeline(engine, calibration_store);
+    std::vector<kvfuse::eval::CalibrationPrompt> samples;
+    for (const Question& q : load_questions(o.data, first, o.calibration_questions, o.max_passages)) {
+      const QuestionPrompts p = prompts_of(q);
+      calibration_pipeline.store_chunk_caches(p.tokens, p.layout);
+      calibration_pipeline.record_context(p.warm_tokens, p.warm_layout);
+      samples.push_back({p.tokens, p.layout});
+    }
+    kvfuse::eval::TeacherForcedEvaluator evaluator(model, calibration_pipeline, samples, o.max_new_tokens, tok.eos());
+    const fs::path dir = kvfuse_example::cache_dir() / "calibration";
+    std::vector<std::string> kept;
+    for (const std::string& name : o.methods) {
+      if (name != "cacheblend" && name != "attnlink" && name != "cachecraft" && name != "queryaware") {
+        kept.push_back(name);
+        continue;
+      }
+      const fs::path path = kvfuse::eval::calibration_file(dir, engine.model_fingerprint(), name,
+                                                           o.calibration_budget, evaluator.samples_hash());
+      std::optional<kvfuse::Calibration> c;
+      if (fs::exists(path)) {
+        try {
+          c = kvfuse::eval::load_calibration(path, engine.model_fingerprint(), name, o.calibration_budget,
+                                             evaluator.samples_hash());
+        } catch (const kvfuse::error& e) {
+          fmt::print(stderr, "calibration: recalibrating, the cached result is unusable: {}\n", e.what());
+        }
+      }
+      const bool cached = c.has_value();
+      if (!c) {
+        c = kvfuse::calibrate(engine.model_fingerprint(), name, o.calibration_budget, evaluator);
+        kvfuse::eval::save_calibration(path, *c, evaluator.samples_hash());
+      }
+      nlohmann::json points = nlohmann::json::array();
+      for (const kvfuse::CalibrationPoint& p : c->points)
+        points.push_back({{"method", p.method}, {"recompute_fraction", p.measure.recompute_fraction},
+                          {"kl_answer_mean", p.measure.kl_answer_mean}, {"top1_answer_agreement", p.measure.top1_agreement},
+                          {"within_budget", p.within_budget}});
+      calibration[name] = {{"chosen", c->chosen ? nlohmann::json(*c->chosen) : nlohmann::json()},
+                           {"cached", cached}, {"points", points}};
+      if (c->chosen) {
+        fmt::print(stderr, "calibration: {} -> {}{}\n", name, *c->chosen, cached ? " (cached)" : "");
+        if (std::find(kept.begin(), kept.end(), *c->chosen) == kept.end() &&
+            std::find(o.methods.begin(), o.methods.end(), *c->chosen) == o.methods.end())
+          kept.push_back(*c->chosen);
+      } else {
+        try {
+          (void)c->method();
+        } catch (const kvfuse::error& e) {
+          fmt::print(stderr, "calibration: {}; not run\n", e.what());
+        }
+      }
+    }
+    o.methods = kept;
+  }
+
+  std::vector<kvfuse::FusionMethod> methods;
+  for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
+
+  // results.json and results.md over the questions done so far: written after each question, so that an
+  // interrupted run keeps what it measured.
+  nlohmann::json results;
+  std::string table;
+  const auto write_results = [&] {
+    results = nlohmann::json();
+    results["model"] = fs::path(o.model).filename().string();
+    results["store_dtype"] = kvfuse::dtype_name(o.store_dtype);
+    results["questions"] = per_question.size();
+    results["passages_per_question"] = o.max_passages;
+    results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(per_question.size());
+    results["offline_ms_mean"] = offline_ms / static_cast<double>(per_question.size());
+    results["chunk_caches_computed"] = chunk_caches_computed;
+    results["threads"] = model.threads();
+    results["store"] = o.store;
+    results["link_mbps"] = o.link_mbps;
+    results["link_latency_ms"] = o.link_latency_ms;
+    results["pipeline"] = o.pipeline;
+    results["split_tokens"] = o.split_tokens;
+    if (o.calibrated) {
+      results["calibration"] = calibration;
+      results["calibration_budget"] = {{"max_kl_answer", o.calibration_budget.max_kl_answer},
+                                       {"min_top1_agreement", o.calibration_budget.min_top1_agreement},
+                                       {"questions", o.calibration_questions}};
+    }
+    for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
+    // Share of naive reuse's KL gap to full prefill that a method closes (from the means): 1 − KL_m / KL_naive.
+    if (results["methods"].contains("naive") && results["methods"]["naive"]["kl_first_token"].get<double>() > 0.0) {
+      const double naive_kl = results["methods"]["naive"]["kl_first_token"].get<double>();
+      for (const std::string& m : o.methods)
+        results["methods"][m]["kl_gap_recovered_vs_naive"] =
+            1.0 - results["methods"][m]["kl_first_token"].get<double>() / naive_kl;
+    }
+    // The same over the teacher-forced answer: gap_closed = 1 − KL_answer(method) / KL_answer(naive).
+    if (results["methods"].contains("naive") && results["methods"]["naive"].contains("kl_answer_mean") &&
+        results["methods"]["naive"]["kl_answer_mean"].get<double>() > 0.0) {
+      const double naive_kl = results["methods"]["naive"]["kl_answer_mean"].get<double>();
+      for (const std::string& m : o.methods)
+        results["methods"][m]["gap_closed"] = 1.0 - results["methods"][m]["kl_answer_mean"].get<double>() / naive_kl;
+    }
+    results["per_question"] = per_question;
+    {
+      std::ofstream js(fs::path(o.out) / "results.json");
+      js << results.dump(2) << "\n";
+      kvfuse::detail::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
+    }
+    table = markdown_table(results, o.methods);
+    {
+      std::ofstream md(fs::path(o.out) / "results.md");
+      md << fmt::format("{} on {} MuSiQue questions ({} passages, {:.0f} prompt tokens on average); means over "
+                        "questions, TTFT ratio measured against full prefill in the same run.\n\n",
+                        results["model"].get<std::string>(), per_question.size(), o.max_passages,
+                        results["mean_prompt_tokens"].get<double>())
+         << table;
+    }
+  };
+
   const auto evaluate = [&](auto& pipeline) {
     for (std::size_t qi = 0; qi < questions.size(); ++qi) {
       const Question& q = questions[qi];
-      std::vector<std::string> passages;
-      for (const std::string& p : q.passages) passages.push_back(truncate_passage(tok, p, o.max_passage_tokens));
-      const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
-      const auto chunked = [&o](const kvfuse::PromptLayout& l) {
-        return o.split_tokens > 0 ? kvfuse::split_long_chunks(l, kvfuse::KVSplit({o.split_tokens})) : l;
-      };
-      const kvfuse::PromptLayout layout = chunked(prompt.layout());
+      const QuestionPrompts prompt = prompts_of(q);
+      const kvfuse::PromptLayout& layout = prompt.layout;
       const auto n = static_cast<std::int64_t>(prompt.tokens.size());
       total_tokens += n;
 
-      // Offline: isolated chunk caches, and an earlier prompt (first passage kept, the rest reversed).
+      // Offline: isolated chunk caches, and the earlier prompt's in-context KV.
       auto t0 = std::chrono::steady_clock::now();
       const std::int64_t computed = pipeline.store_chunk_caches(prompt.tokens, layout);
       chunk_caches_computed += computed;
-      std::vector<std::string> earlier = passages;
-      std::reverse(earlier.begin() + 1, earlier.end());
-      const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
-      pipeline.record_context(warm.tokens, chunked(warm.layout()));
+      pipeline.record_context(prompt.warm_tokens, prompt.warm_layout);
       const double q_offline = kvfuse::detail::ms_since(t0);
       offline_ms += q_offline;
 
@@ -369,9 +533,9 @@ int main(int argc, char** argv) try {
                  questions.size(), o.start + static_cast<std::int64_t>(qi), n, full_ms / 1000.0, q_offline / 1000.0,
                  progress);
       memory.clear();  // bound memory: the disk tier (if any) keeps the entries
+      write_results();
     }
   };
-  kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
   const auto run_on = [&](auto& store) {
     kvfuse::FusionPipeline pipeline(engine, store, {}, load);
     evaluate(pipeline);
@@ -396,50 +560,6 @@ int main(int argc, char** argv) try {
     with_link(memory, run_on);
   }
 
-  nlohmann::json results;
-  results["model"] = fs::path(o.model).filename().string();
-  results["store_dtype"] = kvfuse::dtype_name(o.store_dtype);
-  results["questions"] = questions.size();
-  results["passages_per_question"] = o.max_passages;
-  results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(questions.size());
-  results["offline_ms_mean"] = offline_ms / static_cast<double>(questions.size());
-  results["chunk_caches_computed"] = chunk_caches_computed;
-  results["threads"] = model.threads();
-  results["store"] = o.store;
-  results["link_mbps"] = o.link_mbps;
-  results["link_latency_ms"] = o.link_latency_ms;
-  results["pipeline"] = o.pipeline;
-  results["split_tokens"] = o.split_tokens;
-  for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
-  // Share of naive reuse's KL gap to full prefill that a method closes (from the means): 1 − KL_m / KL_naive.
-  if (results["methods"].contains("naive") && results["methods"]["naive"]["kl_first_token"].get<double>() > 0.0) {
-    const double naive_kl = results["methods"]["naive"]["kl_first_token"].get<double>();
-    for (const std::string& m : o.methods)
-      results["methods"][m]["kl_gap_recovered_vs_naive"] =
-          1.0 - results["methods"][m]["kl_first_token"].get<double>() / naive_kl;
-  }
-  // The same over the teacher-forced answer: gap_closed = 1 − KL_answer(method) / KL_answer(naive).
-  if (results["methods"].contains("naive") && results["methods"]["naive"].contains("kl_answer_mean") &&
-      results["methods"]["naive"]["kl_answer_mean"].get<double>() > 0.0) {
-    const double naive_kl = results["methods"]["naive"]["kl_answer_mean"].get<double>();
-    for (const std::string& m : o.methods)
-      results["methods"][m]["gap_closed"] = 1.0 - results["methods"][m]["kl_answer_mean"].get<double>() / naive_kl;
-  }
-  results["per_question"] = per_question;
-  {
-    std::ofstream js(fs::path(o.out) / "results.json");
-    js << results.dump(2) << "\n";
-    kvfuse::detail::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
-  }
-  const std::string table = markdown_table(results, o.methods);
-  {
-    std::ofstream md(fs::path(o.out) / "results.md");
-    md << fmt::format("{} on {} MuSiQue questions ({} passages, {:.0f} prompt tokens on average); means over "
-                      "questions, TTFT ratio measured against full prefill in the same run.\n\n",
-                      results["model"].get<std::string>(), questions.size(), o.max_passages,
-                      results["mean_prompt_tokens"].get<double>())
-       << table;
-  }
   fmt::print("{}", table);
   if (o.plot) write_plot(o.out, results, o.methods);
   fmt::print("wrote {}/results.json, results.md{}\n", o.out, o.plot ? ", fidelity_ttft.png" : "");

@@ -9,9 +9,11 @@ Usage:
 
 For each prompt (a ChatML question, MuSiQue RAG prompts with 2, 3 and 10 passages in build_rag_prompt's
 layout, a plain-text paragraph):
-  - tokenization: kvfuse's BPETokenizer (kvfuse-logits --text ... --tokenize) against llama.cpp's
-    (Llama.tokenize(text, add_bos=False, special=True)); the ChatML question goes through kvfuse's
-    chat template (--chat) on one side and the GGUF's Jinja template rendered by jinja2 on the other;
+  - tokenization: kvfuse's Tokenizer (kvfuse-logits --text ... --tokenize) against llama.cpp's
+    (Llama.tokenize(text, add_bos=True, special=True): BOS where the vocabulary adds one, as kvfuse-logits
+    does); the ChatML question goes through kvfuse's chat template (--chat) on one side and the GGUF's Jinja
+    template rendered by jinja2 on the other (a base model without a template, Gemma 3 270M, skips it and
+    gets the RAG prompts in build_rag_prompt's plain-text layout);
   - logits on llama.cpp's token ids: kvfuse-logits --ids ... --out (full prefill, logits of every position,
     or every K-th back from the last for prompts longer than --long tokens) against llama.cpp's
     (llama-cpp-python, logits_all=True, Llama.eval), per position:
@@ -21,9 +23,10 @@ layout, a plain-text paragraph):
     and the max relative error per position band (0-255, 256-1023, 1024-4095, 4096-);
   - the greedy continuation (--generate tokens, stopping at EOS) of both.
 Three llama.cpp references:
-  Q4_1     the GGUF as given, llama.cpp defaults: its CPU matmuls quantize the activations to Q8_0 / Q8_1
-           blocks before the Q4_1 / Q8_0 dot products, and K / V are cached as F16.
-  Q4_1, F32 KV   the same with an F32 KV cache: what is left is the activation quantization.
+  quantized          the GGUF as given (SmolLM2: Q4_1; Gemma 3: Q4_K / Q5_0 / Q6_K / Q8_0), llama.cpp defaults:
+                     its CPU matmuls quantize the activations to Q8_0 / Q8_1 / Q8_K blocks before the
+                     quantized dot products, and K / V are cached as F16.
+  quantized, F32 KV  the same with an F32 KV cache: what is left is the activation quantization.
   F32      the same weights dequantized to F32 (gguf.quants.dequantize, written once to
            <model>.dequantized-f32.gguf next to --model, or --f32-path; ~540 MB) with an F32 KV cache: llama.cpp then computes in fp32 throughout, so what is left is the
            difference between two fp32 implementations of the same model (--no-f32 skips it).
@@ -56,9 +59,13 @@ PLAIN_TEXT = (
 )
 
 
-def rag_text(passages, question):
-    """build_rag_prompt's layout as one string (kvfuse's tokenizer docs: equal to tokenizing the segments)."""
-    user = "".join(f"Document: {p.strip()}\n" for p in passages) + f"Question: {question}"
+def rag_text(passages, question, chat):
+    """build_rag_prompt's layout as one string (kvfuse's tokenizer docs: equal to tokenizing the segments):
+    ChatML for a model with a chat template, plain text for a base model (the BOS comes from tokenizing)."""
+    docs = "".join(f"Document: {p.strip()}\n" for p in passages)
+    if not chat:
+        return f"{RAG_SYSTEM}\n{docs}Question: {question}\nAnswer:"
+    user = docs + f"Question: {question}"
     return (f"<|im_start|>system\n{RAG_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
             "<|im_start|>assistant\n")
 
@@ -179,19 +186,21 @@ def main():
 
     tool = os.path.abspath(args.kvfuse_logits)
     q4 = llama_cpp.Llama(model_path=args.model, logits_all=True, n_ctx=64, verbose=False, vocab_only=True)
-    template = q4.metadata["tokenizer.chat_template"]
+    template = q4.metadata.get("tokenizer.chat_template")  # absent for a base model (Gemma 3 270M)
     eos = int(q4.metadata["tokenizer.ggml.eos_token_id"])
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    chat_text = env.from_string(template).render(messages=[{"role": "user", "content": CHAT_QUESTION}],
-                                                 add_generation_prompt=True)
+    chat = template is not None
     prompts = {
-        "chat": ("ChatML question", chat_text, ["--chat", "--text", CHAT_QUESTION]),
-        "rag2": ("MuSiQue q0, 2 passages", rag_text([c["text"] for c in musique[0]["ctxs"][:2]], musique[0]["question"]), None),
-        "rag3": ("MuSiQue q1, 3 passages", rag_text([c["text"] for c in musique[1]["ctxs"][:3]], musique[1]["question"]), None),
-        "rag10": ("MuSiQue q2, 10 passages", rag_text([c["text"] for c in musique[2]["ctxs"]], musique[2]["question"]), None),
+        "rag2": ("MuSiQue q0, 2 passages", rag_text([c["text"] for c in musique[0]["ctxs"][:2]], musique[0]["question"], chat), None),
+        "rag3": ("MuSiQue q1, 3 passages", rag_text([c["text"] for c in musique[1]["ctxs"][:3]], musique[1]["question"], chat), None),
+        "rag10": ("MuSiQue q2, 10 passages", rag_text([c["text"] for c in musique[2]["ctxs"]], musique[2]["question"], chat), None),
         "text": ("plain paragraph", PLAIN_TEXT, None),
     }
-    chosen = [p for p in args.prompts.split(",") if p]
+    if chat:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        chat_text = env.from_string(template).render(messages=[{"role": "user", "content": CHAT_QUESTION}],
+                                                     add_generation_prompt=True)
+        prompts = {"chat": ("ChatML question", chat_text, ["--chat", "--text", CHAT_QUESTION]), **prompts}
+    chosen = [p for p in args.prompts.split(",") if p and (chat or p != "chat")]  # no chat prompt without a template
     for p in chosen:
         if p not in prompts:
             sys.exit(f"conformance.py: unknown prompt '{p}' (known: {', '.join(prompts)})")
@@ -201,7 +210,9 @@ def main():
     for key in chosen:
         name, text, tool_args = prompts[key]
         k = ids_of(run_tool(tool, ["--model", args.model, "--tokenize"] + (tool_args or ["--text", text]))["ids"])
-        ref = q4.tokenize(text.encode(), add_bos=False, special=True)
+        # add_bos: llama_tokenize's add_special, which adds BOS only where the vocabulary says so, as
+        # kvfuse-logits does.
+        ref = q4.tokenize(text.encode(), add_bos=True, special=True)
         first_diff = next((i for i, (x, y) in enumerate(zip(k, ref)) if x != y), min(len(k), len(ref)))
         cases.append({"key": key, "name": name, "ids": ref, "kvfuse_ids": k, "same_tokens": k == ref,
                       "first_diff": None if k == ref else first_diff})
@@ -228,7 +239,7 @@ def main():
         print(f"[kvfuse] {c['key']}: {n} tokens, {len(c['rows'])} rows, {c['kvfuse_s']:.1f} s", file=sys.stderr)
 
     f32_kv = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
-    refs = [("Q4_1", args.model, {}), ("Q4_1, F32 KV", args.model, f32_kv)]
+    refs = [("quantized", args.model, {}), ("quantized, F32 KV", args.model, f32_kv)]
     if not args.no_f32:
         f32 = args.f32_path or os.path.splitext(args.model)[0] + ".dequantized-f32.gguf"
         if not os.path.isfile(f32):

@@ -206,7 +206,7 @@ struct Corpus {
   std::vector<kvfuse::token_id> question;  // the question tail
 };
 
-Corpus load_corpus(const std::string& path, const kvfuse::BPETokenizer& tok, std::int64_t max_context) {
+Corpus load_corpus(const std::string& path, const kvfuse::Tokenizer& tok, std::int64_t max_context) {
   require(std::filesystem::is_regular_file(path),
           "--data: '{}' is not a file (the MuSiQue dev set: ../shared/data/musique_dev.json from the repository "
           "root; pass --data PATH)",
@@ -278,7 +278,7 @@ int run(const Args& a) {
   const double rss_start = max_rss_mib();
   const auto t_load = Clock::now();
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(a.model);
-  const kvfuse::BPETokenizer tok(kvfuse::TokenizerVocab::from_gguf(file));
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
   const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, {.threads = a.threads});
   const double load_s = seconds_since(t_load);
   const double rss_loaded = max_rss_mib();

@@ -33,11 +33,13 @@
 #include "kvfuse/select/cci_scorer.hpp"
 #include "kvfuse/select/focused_chunk_detector.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
+#include "kvfuse/select/query_aware_selector.hpp"
 
 #include "kvfuse/cache/variant_cache.hpp"
 
 #include "kvfuse/split/kv_split.hpp"
 
+#include "kvfuse/fusion/calibration.hpp"
 #include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/error_of.hpp"
+#include "../support/gguf_writer.hpp"
 #include "../support/model_path.hpp"
 #include "../support/test_util.hpp"
 
@@ -41,6 +42,7 @@ using kvfuse::token_id;
 using kvfuse::TokenSet;
 
 using kvfuse_test::diff;
+using kvfuse_test::GGUFWriter;
 
 namespace {
 
@@ -214,79 +216,6 @@ TokenSet all_rows(std::int64_t n) {
   std::iota(s.begin(), s.end(), std::int64_t{0});
   return s;
 }
-
-// A minimal GGUF v3 writer (F32 tensors, uint32 / float32 / string metadata) for hand-made model files.
-class GGUFWriter {
- public:
-  void u32(const std::string& key, std::uint32_t v) { entry(key, 4, &v, 4); }
-  void f32(const std::string& key, float v) { entry(key, 6, &v, 4); }
-  void str(const std::string& key, const std::string& v) {
-    string(meta_, key);
-    put(meta_, std::uint32_t{8});
-    string(meta_, v);
-    ++kv_;
-  }
-  // dims in ggml order (ne0 first); values in ggml order (ne0 fastest).
-  void tensor(const std::string& name, std::vector<std::int64_t> dims, const float* values) {
-    std::int64_t n = 1;
-    for (std::int64_t d : dims) n *= d;
-    tensors_.push_back({name, std::move(dims), std::vector<float>(values, values + n)});
-  }
-  void matrix(const std::string& name, const RowMatrix& m) { tensor(name, {m.cols(), m.rows()}, m.data()); }
-  void vector(const std::string& name, const Eigen::VectorXf& v) { tensor(name, {v.size()}, v.data()); }
-
-  [[nodiscard]] std::vector<std::byte> bytes() const {
-    std::vector<std::byte> out;
-    out.insert(out.end(), {std::byte{'G'}, std::byte{'G'}, std::byte{'U'}, std::byte{'F'}});
-    put(out, std::uint32_t{3});
-    put(out, static_cast<std::uint64_t>(tensors_.size()));
-    put(out, kv_);
-    out.insert(out.end(), meta_.begin(), meta_.end());
-    std::uint64_t offset = 0;
-    for (const Tensor& t : tensors_) {
-      string(out, t.name);
-      put(out, static_cast<std::uint32_t>(t.dims.size()));
-      for (std::int64_t d : t.dims) put(out, static_cast<std::uint64_t>(d));
-      put(out, std::uint32_t{0});  // F32
-      put(out, offset);
-      offset += (t.values.size() * 4 + 31) / 32 * 32;
-    }
-    out.resize((out.size() + 31) / 32 * 32);
-    for (const Tensor& t : tensors_) {
-      const auto* p = reinterpret_cast<const std::byte*>(t.values.data());
-      out.insert(out.end(), p, p + t.values.size() * 4);
-      out.resize((out.size() + 31) / 32 * 32);
-    }
-    return out;
-  }
-
- private:
-  struct Tensor {
-    std::string name;
-    std::vector<std::int64_t> dims;
-    std::vector<float> values;
-  };
-  template <class T>
-  static void put(std::vector<std::byte>& out, T v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out.insert(out.end(), p, p + sizeof v);
-  }
-  static void string(std::vector<std::byte>& out, const std::string& s) {
-    put(out, static_cast<std::uint64_t>(s.size()));
-    const auto* p = reinterpret_cast<const std::byte*>(s.data());
-    out.insert(out.end(), p, p + s.size());
-  }
-  void entry(const std::string& key, std::uint32_t type, const void* v, std::size_t size) {
-    string(meta_, key);
-    put(meta_, type);
-    const auto* p = static_cast<const std::byte*>(v);
-    meta_.insert(meta_.end(), p, p + size);
-    ++kv_;
-  }
-  std::vector<std::byte> meta_;
-  std::uint64_t kv_ = 0;
-  std::vector<Tensor> tensors_;
-};
 
 // The tiny model as a GGUF file; `edit` may change the writer before the tensors are added.
 template <class Edit>
@@ -553,6 +482,66 @@ TEST_CASE("a policy narrows the selected set layer by layer; statistics match th
   CHECK(error_of([&] {
           (void)kvfuse::question_attention(seen.attention[1], TokenSet{11, 12, 13}, layout);
         }).find("12 mass values for 3 selected rows") != std::string::npos);
+}
+
+TEST_CASE("the query mass is softmax(QK^T) summed over the query rows and the heads, from the same attention") {
+  const CpuLlama model = tiny_model();  // query blocks of 4: the query rows [11, 15) straddle two blocks
+  const std::vector<token_id> tokens = prompt_tokens(15, 8);
+  const Reference ref = reference_forward(model.config(), model.weights(), tokens);
+  const auto reference_mass = [&](std::size_t l, std::int64_t row) {
+    double want = 0;
+    for (std::int64_t q = 11; q < 15; ++q) want += ref.attn[l][static_cast<std::size_t>(q * 15 + row)];
+    return want;
+  };
+  kvfuse::PartialPrefillOptions options;
+  options.query_mass_rows = {11, 15};
+  std::vector<TokenSet> selected;
+  std::vector<std::vector<float>> mass;
+  const auto record = [&](const LayerReport& r) {
+    selected.push_back(r.selected);
+    mass.emplace_back(r.query_mass.begin(), r.query_mass.end());
+    CHECK(r.attention == nullptr);  // only what was asked for
+  };
+
+  // Every row on every layer: one value per row, Σ = |query| x heads (one softmax per query row and head).
+  LlamaKVCache kv(2, model.config().kv_dim(), 15);
+  model.partial_prefill(tokens, kv, all_rows(15), [&](const LayerReport& r) { record(r); return r.selected; },
+                        options);
+  REQUIRE(mass.size() == 2);
+  for (std::size_t l = 0; l < 2; ++l) {
+    REQUIRE(mass[l].size() == 15);
+    double total = 0;
+    for (std::int64_t row = 0; row < 15; ++row) {
+      CHECK(mass[l][static_cast<std::size_t>(row)] == doctest::Approx(reference_mass(l, row)).epsilon(1e-5));
+      total += mass[l][static_cast<std::size_t>(row)];
+    }
+    CHECK(total == doctest::Approx(4.0 * 4.0).epsilon(1e-5));
+  }
+
+  // A narrowed layer 1 over exact KV (full prefill's): the query rows still attend to every row, so the mass on
+  // the rows it computes is the reference's.
+  const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
+  LlamaKVCache narrowed = full.kv;
+  selected.clear();
+  mass.clear();
+  model.partial_prefill(
+      tokens, narrowed, all_rows(15), [&](const LayerReport& r) { record(r); return TokenSet{3, 7, 11, 12, 13, 14}; },
+      options);
+  REQUIRE(mass.size() == 2);
+  REQUIRE(mass[1].size() == 6);
+  for (std::size_t i = 0; i < 6; ++i)
+    CHECK(mass[1][i] == doctest::Approx(reference_mass(1, selected[1][i])).epsilon(1e-5));
+  // Without a request the report carries no query mass; a layer without every query row is refused by name.
+  LlamaKVCache plain(2, model.config().kv_dim(), 15);
+  model.partial_prefill(tokens, plain, all_rows(15), [](const LayerReport& r) {
+    CHECK(r.query_mass.empty());
+    return r.selected;
+  });
+  LlamaKVCache dropped(2, model.config().kv_dim(), 15);
+  CHECK(error_of([&] {
+          model.partial_prefill(tokens, dropped, all_rows(15), [](const LayerReport&) { return TokenSet{11, 12, 14}; },
+                                options);
+        }).find("layer 1 computes 3 of the query rows [11, 15)") != std::string::npos);
 }
 
 TEST_CASE("greedy decoding from an assembled KV equals argmax of full prefill step by step") {

@@ -2,8 +2,8 @@
 // failure modes (corrupt, foreign-model, missing entries, a store that goes away) through the real pipeline;
 // the edge cases that crashed other implementations (100 % hit with reordered chunks, the same prompt twice,
 // empty and one-token chunks); engines other than CpuLlamaFusion (a paged KV layout, a fixed-set engine). A
-// small random-weights Llama runs everywhere; the real-model case runs SmolLM2 on real text (Release builds
-// with the model file).
+// small random-weights Llama runs everywhere; the real-model cases run SmolLM2 and Gemma 3 on real text
+// (Release builds with the model files).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -359,11 +359,17 @@ TEST_CASE("bad input: a layout that does not cover the prompt, a prompt without 
             .find("last token must be part of the query") != std::string::npos);
 }
 
-TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers part of naive reuse's KL gap") {
-  const auto path = kvfuse_test::real_model(/*optimized_only=*/true);
+namespace {
+
+// Every method on a MuSiQue-style prompt through the pipeline on a real model: each closes more than
+// `min_gap_closed` of naive reuse's teacher-forced KL gap (full prefill's 8-token greedy answer fed after each
+// method's KV), and prefix caching reproduces full prefill's distribution.
+void check_methods_close_naive_gap(kvfuse_test::RealModel which, const std::vector<std::string>& methods,
+                                   double min_gap_closed) {
+  const auto path = kvfuse_test::real_model(/*optimized_only=*/true, which);
   if (!path) return;
   const GGUFFile file = GGUFFile::open(*path);
-  const BPETokenizer tok(TokenizerVocab::from_gguf(file));
+  const Tokenizer tok = Tokenizer::from_gguf(file);
   const CpuLlama model = CpuLlama::from_gguf(file);
   const std::vector<std::string> passages{
       "Exeter College is one of the constituent colleges of the University of Oxford in England, founded in 1314.",
@@ -383,21 +389,49 @@ TEST_CASE("real model: every method on a MuSiQue-style prompt; fusion recovers p
 
   const FusionResult full = pipeline.run(prompt.tokens, prompt.layout(), FullRecompute{});
   CHECK(full.logits == model.full_prefill(prompt.tokens).logits);
-  const double naive_kl = eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), NaiveReuse{}).logits);
-  CHECK(naive_kl > 0.0);
-  MESSAGE("KL(full || naive) = " << naive_kl);
-  for (const std::string name : {"prefix", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.5"}) {
+  LlamaKVCache decoded = pipeline.backend().kv();  // greedy_decode extends the KV it is given
+  const std::vector<token_id> answer = model.greedy_decode(decoded, full.logits, 8, tok.eos());
+  REQUIRE(!answer.empty());
+  MESSAGE("full prefill's answer: " << tok.decode(answer, false));
+  const auto forced = [&](const FusionResult& r) {
+    LlamaKVCache kv = pipeline.backend().kv();
+    return model.forced_logits(kv, r.logits, answer);
+  };
+  const std::vector<std::vector<float>> reference = forced(full);
+  const eval::TeacherForced naive =
+      eval::teacher_forced(reference, forced(pipeline.run(prompt.tokens, prompt.layout(), NaiveReuse{})));
+  MESSAGE("naive: KL answer " << naive.kl_mean << ", top-1 " << naive.top1_agreement);
+  REQUIRE(naive.kl_mean > 0.0);
+  for (const std::string& name : methods) {
+    CAPTURE(name);
     const FusionResult r = pipeline.run(prompt.tokens, prompt.layout(), parse_method(name));
-    const double kl = eval::kl_divergence(full.logits, r.logits);
-    MESSAGE(name << ": KL " << kl << ", recomputed " << r.recompute_fraction);
+    const eval::TeacherForced tf = eval::teacher_forced(reference, forced(r));
+    const double gap_closed = 1.0 - tf.kl_mean / naive.kl_mean;
+    MESSAGE(name << ": KL answer " << tf.kl_mean << ", top-1 " << tf.top1_agreement << ", gap closed " << gap_closed
+                 << ", recomputed " << r.recompute_fraction);
     CHECK(r.recompute_fraction < 1.0);
-    CHECK(std::isfinite(kl));
+    CHECK(gap_closed > min_gap_closed);
   }
-  // Prefix caching reuses exact KV (the system prompt and the first passage) and CacheBlend at r = 0.5 recomputes
-  // half of every later layer: both must be closer to full prefill than naive reuse.
+  // Prefix caching reuses exact KV (the system prompt and the first passage): full prefill's distribution.
   CHECK(eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), PrefixCaching{}).logits) < 1e-6);
-  CHECK(eval::kl_divergence(full.logits, pipeline.run(prompt.tokens, prompt.layout(), parse_method("cacheblend@0.5")).logits) <
-        naive_kl);
+}
+
+}  // namespace
+
+// QueryAware runs with λ = 0.5 (query mass and KV deviation): the query mass alone (λ = 1) measures 0.40 of the
+// gap on SmolLM2 but 0.11 on Gemma 3 here, on layers 1-3 where the question mostly attends to what is near it.
+TEST_CASE("real model: SmolLM2: every method on a MuSiQue-style prompt closes part of naive reuse's KL gap") {
+  // Measured (gap closed): cacheblend 0.39, attnlink 0.80, cachecraft 0.96, cacheblend@0.5 0.78.
+  check_methods_close_naive_gap(kvfuse_test::RealModel::smollm2,
+                                {"prefix", "cacheblend", "queryaware@0.15:0.5", "attnlink", "cachecraft", "cacheblend@0.5"},
+                                0.25);
+}
+
+TEST_CASE("real model: Gemma 3: every method on a plain-text MuSiQue-style prompt closes part of naive reuse's KL gap") {
+  // Measured (gap closed): cacheblend 0.63, attnlink 0.93, cachecraft 0.97, cacheblend@0.5 0.94.
+  check_methods_close_naive_gap(kvfuse_test::RealModel::gemma3,
+                                {"prefix", "cacheblend", "queryaware@0.15:0.5", "attnlink", "cachecraft", "cacheblend@0.5"},
+                                0.25);
 }
 
 // ------------------------------------------------------------------------- engines other than CpuLlamaFusion
@@ -436,7 +470,9 @@ concept RunsMethod = requires(Pipeline& p, std::span<const token_id> t, const Pr
 using FixedPipeline = FusionPipeline<FixedSetEngine, InMemoryKVStore>;
 static_assert(RunsMethod<FixedPipeline, AttnLink> && RunsMethod<FixedPipeline, NaiveReuse>);
 static_assert(!RunsMethod<FixedPipeline, CacheBlend>);  // refused at compile time: needs per-layer feedback
+static_assert(!RunsMethod<FixedPipeline, QueryAware>);
 static_assert(RunsMethod<FusionPipeline<PagedEngine, InMemoryKVStore>, CacheBlend>);
+static_assert(RunsMethod<FusionPipeline<PagedEngine, InMemoryKVStore>, QueryAware>);
 
 }  // namespace
 
@@ -456,7 +492,8 @@ TEST_CASE("a paged engine runs the same plans as CpuLlamaFusion and gives the sa
   paged.record_context(earlier.tokens, earlier.layout);
   CHECK(flat.isolated_key(kA) != paged.isolated_key(kA));  // the key carries the engine's layout
   for (const std::string name :
-       {"full", "prefix", "naive", "cacheblend", "attnlink@4", "cachecraft", "cachecraft-nofocus"}) {
+       {"full", "prefix", "naive", "cacheblend", "attnlink@4", "cachecraft", "cachecraft-nofocus", "queryaware",
+        "queryaware@0.3:0.5"}) {
     CAPTURE(name);
     const FusionResult a = flat.run(p.tokens, p.layout, parse_method(name));
     const FusionResult b = paged.run(p.tokens, p.layout, parse_method(name));
@@ -495,6 +532,8 @@ TEST_CASE("a fixed-set engine runs the fixed-set methods; per-layer methods are 
   }
   CHECK(error_of([&] { (void)fixed.run(p.tokens, p.layout, parse_method("cacheblend@0.2")); })
             .find("method 'cacheblend@0.2' changes the recomputed set per layer") != std::string::npos);
+  CHECK(error_of([&] { (void)fixed.run(p.tokens, p.layout, parse_method("queryaware")); })
+            .find("method 'queryaware' changes the recomputed set per layer") != std::string::npos);
 }
 
 TEST_CASE("one request composed of Cake and a fusion method: Cake prepares the stored exact prefix, the method the rest") {

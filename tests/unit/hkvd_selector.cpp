@@ -417,11 +417,11 @@ TEST_CASE("HKVDSelector::select validates the set and the deviations") {
   const std::vector<float> dev(10, 1.0f);
 
   CHECK_THROWS_WITH_AS((void)sel.select(1, all, std::vector<float>(9, 1.0f)),
-                       doctest::Contains("9 deviations for a set of 10 tokens"), kvfuse::error);
+                       doctest::Contains("9 scores for a set of 10 tokens"), kvfuse::error);
   std::vector<float> negative = dev;
   negative[2] = -0.5f;
   CHECK_THROWS_WITH_AS((void)sel.select(1, all, negative),
-                       doctest::Contains("deviation -0.5 of token 2"), kvfuse::error);
+                       doctest::Contains("score -0.5 of token 2"), kvfuse::error);
   // A NaN deviation is not an error: the token ranks first (detail::ranks_before, the GPU top-k's order).
   std::vector<float> with_nan = dev;
   with_nan[3] = std::numeric_limits<float>::quiet_NaN();

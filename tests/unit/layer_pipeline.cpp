@@ -74,7 +74,8 @@ LoadConfig whole_blocks() {
 }
 
 const std::vector<std::string> kMethods = {"full",       "prefix",     "naive",  "attnlink@2", "cachecraft",
-                                           "cachecraft-nofocus", "cacheblend", "cacheblend@0.5"};
+                                           "cachecraft-nofocus", "cacheblend", "cacheblend@0.5", "queryaware",
+                                           "queryaware@0.5:0.5"};
 
 }  // namespace
 
@@ -227,11 +228,11 @@ TEST_CASE("a layer read that fails, throws or stalls mid-prefill ends in compute
     }
     SUBCASE("with another chunk cache unusable before the prefill (installed whole): CacheBlend is still exact") {
       // A's entry was rotated at other positions than recorded: rejected at describe, recomputed, installed
-      // whole. The aborted prefill overwrites A's rows (CacheBlend's S_0 is every row); the restart must
-      // install them again.
+      // whole. The aborted prefill overwrites A's rows (CacheBlend's and QueryAware's S_0 is every row); the
+      // restart must install them again.
       const std::span<const token_id> a_tokens(p.tokens.data() + p.layout.chunks[1].range.begin, kA.size());
       const KVKey a_isolated = pipeline.isolated_key(a_tokens);
-      for (const char* method : {"cacheblend", "cacheblend@0.5", "naive"}) {
+      for (const char* method : {"cacheblend", "cacheblend@0.5", "queryaware", "naive"}) {
         CAPTURE(method);
         KVBlock moved = *memory.get(a_isolated);
         moved.first_position = 5;

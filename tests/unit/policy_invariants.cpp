@@ -8,6 +8,7 @@
 #include "kvfuse/backend/simulated.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
+#include "kvfuse/select/query_aware_selector.hpp"
 
 using namespace kvfuse;
 
@@ -15,18 +16,39 @@ namespace {
 
 // Each adapter returns the tokens a policy recomputes at the last layer of a 4-layer model, with
 // `budget` in [0, 1] mapped to the policy's knob (ratio r, or k as a fraction of the longest chunk).
+HKVDConfig gradual_filtering(double budget) {
+  HKVDConfig cfg;
+  cfg.recompute_ratio = budget;
+  cfg.ratio_margins = {std::min(1.0, budget + 0.2) - budget, std::min(1.0, budget + 0.1) - budget, 0.0};
+  return cfg;
+}
+
 struct HKVDPolicy {
   static TokenSet select(const PromptLayout& layout, double budget, std::mt19937_64& rng) {
-    HKVDConfig cfg;
-    cfg.recompute_ratio = budget;
-    cfg.ratio_margins = {std::min(1.0, budget + 0.2) - budget, std::min(1.0, budget + 0.1) - budget, 0.0};
-    const HKVDSelector selector(cfg, layout, 4);
+    const HKVDSelector selector(gradual_filtering(budget), layout, 4);
     TokenSet current = selector.initial();
     std::uniform_real_distribution<float> dev(0.0f, 1.0f);
     for (int layer = 0; layer < 4; ++layer) {
       std::vector<float> deviation(current.size());
       for (float& d : deviation) d = dev(rng);
       current = selector.select(layer, current, deviation);
+    }
+    return current;
+  }
+};
+
+// Query mass mixed with the deviation (lambda = 0.5), so that both inputs are read.
+struct QueryAwarePolicy {
+  static TokenSet select(const PromptLayout& layout, double budget, std::mt19937_64& rng) {
+    const QueryAwareSelector selector(gradual_filtering(budget), layout, 4, 0.5);
+    TokenSet current = selector.schedule().initial();
+    std::uniform_real_distribution<float> value(0.0f, 1.0f);
+    for (int layer = 0; layer < 4; ++layer) {
+      std::vector<float> mass(current.size());
+      std::vector<float> deviation(current.size());
+      for (float& m : mass) m = value(rng);
+      for (float& d : deviation) d = value(rng);
+      current = selector.select(layer, current, mass, deviation);
     }
     return current;
   }
@@ -52,7 +74,7 @@ PromptLayout random_layout(std::mt19937_64& rng) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("selection policies: sorted, in range, query and uncached tokens always in", Policy, HKVDPolicy,
-                   AttnLinkPolicy) {
+                   QueryAwarePolicy, AttnLinkPolicy) {
   std::mt19937_64 rng(42);
   for (int trial = 0; trial < 300; ++trial) {
     const PromptLayout layout = random_layout(rng);
@@ -71,7 +93,7 @@ TEST_CASE_TEMPLATE("selection policies: sorted, in range, query and uncached tok
 }
 
 TEST_CASE_TEMPLATE("selection policies: the same prompt twice gives the same plan", Policy, HKVDPolicy,
-                   AttnLinkPolicy) {
+                   QueryAwarePolicy, AttnLinkPolicy) {
   std::mt19937_64 layout_rng(7);
   const PromptLayout layout = random_layout(layout_rng);
   std::mt19937_64 a(3), b(3);

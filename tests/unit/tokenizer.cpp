@@ -1,4 +1,4 @@
-// BPETokenizer, ChatTemplate and build_rag_prompt.
+// BPETokenizer (kvfuse::Tokenizer on byte-level BPE vocabularies), ChatTemplate and build_rag_prompt in ChatML.
 //  - A hand-made vocabulary (3 control tokens, the 256 GPT-2 byte symbols, a few merges): every expected id
 //    list below is worked out by hand from the merge ranks and the pre-tokenizer regexes.
 //  - The real SmolLM2 vocabulary (skipped when the model is absent): exact ids against
@@ -8,6 +8,7 @@
 #include "../support/error_of.hpp"
 #include <fmt/format.h>
 
+#include "../support/case_file.hpp"
 #include "../support/model_path.hpp"
 
 #include <cstdint>
@@ -15,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -230,8 +230,11 @@ TEST_CASE("A byte without a token is dropped and blocks merges across it, as in 
 TEST_CASE("Bad vocabularies are refused with the bad value named") {
   auto message = [](TokenizerVocab v) { return error_of([&] { BPETokenizer t(std::move(v)); }); };
   TokenizerVocab v = tiny_vocab();
-  v.model = "llama";
-  CHECK(message(v).find("unsupported tokenizer model 'llama'") != std::string::npos);
+  v.model = "bert";
+  CHECK(error_of([&] { kvfuse::Tokenizer t(v); }).find("unsupported tokenizer model 'bert'") != std::string::npos);
+  v.model = "llama";  // a valid SentencePiece vocabulary for Tokenizer, but not byte-level BPE
+  CHECK_NOTHROW(kvfuse::Tokenizer{v});
+  CHECK(message(v).find("BPETokenizer takes byte-level BPE vocabularies ('gpt2'), not 'llama'") != std::string::npos);
   v = tiny_vocab("xyz");
   CHECK(message(v).find("unsupported pre-tokenizer 'xyz'") != std::string::npos);
   v = tiny_vocab("");
@@ -355,55 +358,9 @@ TEST_CASE("RAG prompt: bos when the vocabulary asks for it, control text in pass
 
 // ------------------------------------------------------------------------------------ real vocabulary
 
-namespace {
-
-std::string unescape(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\') {
-      out += s[i];
-      continue;
-    }
-    REQUIRE(i + 1 < s.size());
-    const char c = s[++i];
-    if (c == 'n') {
-      out += '\n';
-    } else if (c == 't') {
-      out += '\t';
-    } else if (c == 'r') {
-      out += '\r';
-    } else if (c == '\\') {
-      out += '\\';
-    } else {
-      REQUIRE(c == 'x');
-      REQUIRE(i + 2 < s.size());
-      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
-      i += 2;
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> split_tabs(const std::string& line) {
-  std::vector<std::string> fields;
-  std::size_t begin = 0;
-  while (true) {
-    const std::size_t tab = line.find('\t', begin);
-    fields.push_back(line.substr(begin, tab == std::string::npos ? std::string::npos : tab - begin));
-    if (tab == std::string::npos) return fields;
-    begin = tab + 1;
-  }
-}
-
-Ids parse_ids(const std::string& s) {
-  Ids ids;
-  std::istringstream in(s);
-  token_id id = 0;
-  while (in >> id) ids.push_back(id);
-  return ids;
-}
-
-}  // namespace
+using kvfuse_test::parse_ids;
+using kvfuse_test::split_tabs;
+using kvfuse_test::unescape;
 
 TEST_CASE("real model: SmolLM2 vocabulary: exact ids of Hugging Face tokenizers on tricky text, chats and a RAG prompt") {
   const auto path = kvfuse_test::real_model(/*optimized_only=*/false);
@@ -435,6 +392,7 @@ TEST_CASE("real model: SmolLM2 vocabulary: exact ids of Hugging Face tokenizers 
   CHECK(smol.vocab_size() == 49152);
   CHECK(smol.is_end_of_generation(2));  // <|im_end|>
   CHECK(smol.is_end_of_generation(0));  // <|endoftext|>
+  CHECK(smol.is_end_of_generation(4));  // <reponame>: llama.cpp's fill-in-the-middle repository token
   CHECK_FALSE(smol.is_end_of_generation(1));
 
   const std::filesystem::path cases_path =

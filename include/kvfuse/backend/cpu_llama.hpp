@@ -1,6 +1,6 @@
 #pragma once
-// Reference CPU compute backend: a Llama-architecture model from a GGUF file (or random weights) run in fp32
-// with Eigen on the CPU, and the operations kvfuse's policies need from a compute device.
+// Reference CPU compute backend: a Llama- or Gemma 3-architecture model from a GGUF file (or random weights) run
+// in fp32 with Eigen on the CPU, and the operations kvfuse's policies need from a compute device.
 //
 // When to use: to run and judge the fusion and scheduling policies on a real model without a GPU — tests,
 // examples, conformance and quality measurements (always against full prefill of the same prompt on the same
@@ -239,11 +239,12 @@ class CpuLlamaFusion {
   }
   void install_kv(TokenRange r, const KVBlock& block) { load_rows(r, block); }
 
-  std::vector<float> prefill(const TokenSet& rows) { return prefill(rows, {}, nullptr); }
+  std::vector<float> prefill(const TokenSet& rows) { return prefill(rows, {}, {}); }
 
-  std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
+  std::vector<float> prefill(const TokenSet& rows, const SelectionPolicy& next, const StatisticsRequest& stats) {
     PartialPrefillOptions options;
-    options.attention_groups = groups;
+    options.attention_groups = stats.groups;
+    options.query_mass_rows = stats.query;
     options.before_layer = hook_;
     return model_->partial_prefill(tokens_, kv_, rows, next, options).logits;
   }

@@ -32,6 +32,12 @@ KVFUSE_HOST_DEVICE bool attention_visible(std::int64_t key_pos, std::int64_t que
   return key_pos <= query_pos;
 }
 
+// The same mask on a sliding-window layer (llama.cpp LLAMA_SWA_TYPE_STANDARD, Gemma 3's local layers): key j
+// is visible iff pos_q[i] − window < pos_k[j] <= pos_q[i]. window <= 0: no window, attention_visible.
+KVFUSE_HOST_DEVICE bool attention_visible(std::int64_t key_pos, std::int64_t query_pos, std::int64_t window) {
+  return key_pos <= query_pos && (window <= 0 || query_pos - key_pos < window);
+}
+
 // The factor that turns a raw dot product q · k into a base-2 score: scale · log2(e).
 KVFUSE_HOST_DEVICE float attention_score_factor(float scale) { return scale * kAttentionLog2e; }
 

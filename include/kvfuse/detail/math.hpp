@@ -4,7 +4,9 @@
 //    N = ⌈CFO · |C|⌉, the preload depth ⌈L_p⌉ of eq. 16);
 //  - the token order "score descending, ties to the lower position" in which CacheBlend keeps its HKVD
 //    tokens (section 4.3) and Cache-Craft ranks a chunk's tokens (eq. 14), an O(n) top-k over it, and the
-//    rounding of a keep ratio to a count.
+//    rounding of a keep ratio to a count;
+//  - the activations of the CPU backend's gemma3 decoder: GELU (tanh approximation) and the final logit
+//    soft-cap.
 // The per-element pieces are KVFUSE_HOST_DEVICE so a CUDA top-k can use the very same order.
 
 #include <algorithm>
@@ -69,5 +71,18 @@ void partition_top_k(std::span<Pos> positions, const Score* scores, std::size_t 
   std::nth_element(positions.begin(), positions.begin() + static_cast<std::ptrdiff_t>(k), positions.end(),
                    ScoreDescending<Score>{scores});
 }
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³))), in float, the formula of ggml's
+// ggml_gelu_f32 (llama.cpp LLM_FFN_GELU; Hugging Face gelu_pytorch_tanh, Gemma 3's hidden_activation).
+// (ggml's CPU kernel reads it from a table at fp16-rounded x; this evaluates it at x.)
+KVFUSE_HOST_DEVICE float gelu_tanh(float x) {
+  constexpr float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+  constexpr float coef_a = 0.044715f;
+  return 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+// Logit soft-capping cap · tanh(x / cap) (Gemma 2 / 3 final_logit_softcapping), as llama.cpp's graph
+// computes it: x scaled by 1 / cap, tanh, scaled by cap, in float.
+KVFUSE_HOST_DEVICE float softcap(float x, float cap) { return cap * std::tanh(x * (1.0f / cap)); }
 
 }  // namespace kvfuse::detail

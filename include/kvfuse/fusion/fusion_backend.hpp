@@ -26,12 +26,16 @@
 //
 // PerLayerFusionBackend — a refinement for engines that can change the set per layer and report what the
 // methods with per-layer feedback need (CacheBlend's gradual filtering: KV deviations; Cache-Craft's focus
-// termination: attention statistics):
-//   b.prefill(rows, next, groups) -> std::vector<float>: as above with S_0 = rows; after computing layer l's
+// termination: attention statistics; QueryAware: the query's attention mass):
+//   b.prefill(rows, next, stats)  -> std::vector<float>: as above with S_0 = rows; after computing layer l's
 //                                    S_l the engine calls next(LayerReport{l, S_l, K and V deviation of each
 //                                    row of S_l against the KV it had before, attention statistics over
-//                                    `groups` when groups != nullptr}) and computes S_{l+1} = its result on
-//                                    layer l + 1. An empty `next` keeps S_l.
+//                                    stats.groups when it is set, and when stats.query is not empty the
+//                                    query mass: per row of S_l the softmax weight the rows of stats.query
+//                                    put on it, summed over them and over the heads}) and computes S_{l+1} =
+//                                    its result on layer l + 1. An empty `next` keeps S_l. Both statistics
+//                                    come from the softmax the layer computes (StatisticsRequest,
+//                                    layer_protocol.hpp).
 //
 // LayerwiseFusionBackend — a refinement for engines that take stored KV one layer at a time, so that reading
 // layers l + 1 .. l + L_p of the chunk caches overlaps computing layer l (FusionPipeline's layer-pipelined
@@ -51,7 +55,8 @@
 // prefill must let the exception through.
 //
 // A method that needs the refinement is refused for a backend without it: at compile time when the method's
-// type is static (FusionPipeline::run with CacheBlend), with a named error when it arrives in a FusionMethod.
+// type is static (FusionPipeline::run with CacheBlend or QueryAware), with a named error when it arrives in a
+// FusionMethod.
 
 #include <concepts>
 #include <cstddef>
@@ -86,8 +91,8 @@ concept FixedSetFusionBackend =
 template <class B>
 concept PerLayerFusionBackend =
     FixedSetFusionBackend<B> &&
-    requires(B& b, const TokenSet& rows, const SelectionPolicy& next, const PromptLayout* groups) {
-      { b.prefill(rows, next, groups) } -> std::same_as<std::vector<float>>;
+    requires(B& b, const TokenSet& rows, const SelectionPolicy& next, const StatisticsRequest& stats) {
+      { b.prefill(rows, next, stats) } -> std::same_as<std::vector<float>>;
     };
 
 template <class B>
@@ -103,6 +108,6 @@ concept LayerwiseFusionBackend =
 // Whether every instance of method type M needs per-layer feedback (compile-time refusal for fixed-set
 // engines). Cache-Craft needs it only with focus termination, a run-time setting: checked when it runs.
 template <class M>
-inline constexpr bool needs_per_layer_backend = std::is_same_v<M, CacheBlend>;
+inline constexpr bool needs_per_layer_backend = std::is_same_v<M, CacheBlend> || std::is_same_v<M, QueryAware>;
 
 }  // namespace kvfuse

@@ -1,5 +1,5 @@
 #pragma once
-// FusionMethod: the six ways to assemble a prompt's KV from stored chunk caches, as value types, and
+// FusionMethod: the seven ways to assemble a prompt's KV from stored chunk caches, as value types, and
 // FusionPlan, what a method decided for one prompt before any compute ran (plain data for tests and logs).
 //
 // Every method is the same layer-wise partial prefill (CacheBlend §4.3, Epic §4.2, Cache-Craft §3.2); they
@@ -17,13 +17,19 @@
 //                   the N = ceil(CFO · |C|) tokens with the most attention to earlier chunks (Cache-Craft
 //                   eq. 12, 14); recomputation of unfocused chunks stops at the layer L* of Algorithm 1
 //                   (FocusedChunkDetector).
+//   QueryAware      isolated caches; CacheBlend's schedule, but check layers keep the tokens the query rows
+//                   attend to most, optionally mixed with the KV deviation (QueryAwareSelector). kvfuse's
+//                   variant of the idea of ProphetKV (2026), not a reimplementation of that paper.
 // When to use which: prefix caching when prompts share exact prefixes; otherwise CacheBlend when nothing is
 // known about the chunks in advance, AttnLink when the cheapest static selection is enough, Cache-Craft when
-// chunk caches are kept from earlier prompts with their attention statistics.
+// chunk caches are kept from earlier prompts with their attention statistics; QueryAware where CacheBlend would
+// run, to recompute what the question reads rather than what deviates (kvfuse-rag-eval measures both).
 //
-// Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft" for the
-// default settings (r = 0.15, k = 16, alpha = 1) and "name@value" otherwise ("cacheblend@auto": the loading
-// controller picks r); parse_method() reads both.
+// Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware" for
+// the default settings (r = 0.15, k = 16, alpha = 1, lambda = 1) and "name@value" otherwise ("cacheblend@auto":
+// the loading controller picks r). QueryAware takes r and the mix lambda: "queryaware@0.2" (lambda = 1),
+// "queryaware@0.15:0.5" (r = 0.15, lambda = 0.5; lambda is written only when it is not 1). parse_method() reads
+// every one of these.
 
 #include <algorithm>
 #include <charconv>
@@ -31,6 +37,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -69,8 +76,20 @@ struct CacheCraft {
   FocusedChunkConfig focus{};          // Algorithm 1 window w
   bool focus_termination = true;       // stop recomputing unfocused chunks at L* (section 3.2.2)
 };
+// Query-aware selection, inspired by ProphetKV (2026), which recomputes the tokens the query will attend to
+// rather than those whose KV deviates most. This is kvfuse's variant, not a reimplementation of that paper: on
+// CacheBlend's check layers (layer 0 computes every token, CacheBlend §4.3) the engine reports the attention
+// mass the query rows pay to each computed row, and QueryAwareSelector keeps, with CacheBlend's gradual-filtering
+// budgets, the reused tokens of highest score λ · query mass + (1 − λ) · KV deviation, each term divided by
+// its sum over the candidates (select/query_aware_selector.hpp). λ = 0 is CacheBlend's selection exactly.
+struct QueryAware {
+  HKVDConfig config{};                 // r and the gradual-filtering schedule, as CacheBlend's
+  double query_weight = 1.0;           // λ in [0, 1]: the query mass's share of the score
+  KVTensor rank_by = KVTensor::value;  // the tensor of the deviation term (read when λ < 1)
+};
 
-using FusionMethod = std::variant<FullRecompute, PrefixCaching, NaiveReuse, CacheBlend, AttnLink, CacheCraft>;
+using FusionMethod =
+    std::variant<FullRecompute, PrefixCaching, NaiveReuse, CacheBlend, AttnLink, CacheCraft, QueryAware>;
 
 namespace detail {
 
@@ -86,9 +105,11 @@ namespace detail {
 
 }  // namespace detail
 
-// CacheBlend with recompute ratio r; gradual filtering keeps its margins above r, capped so the schedule stays
-// non-increasing up to 1.
-[[nodiscard]] inline CacheBlend with_recompute_ratio(CacheBlend c, double r) {
+// CacheBlend (or QueryAware) with recompute ratio r; gradual filtering keeps its margins above r, capped so the
+// schedule stays non-increasing up to 1.
+template <class Method>
+  requires(std::is_same_v<Method, CacheBlend> || std::is_same_v<Method, QueryAware>)
+[[nodiscard]] Method with_recompute_ratio(Method c, double r) {
   c.config.recompute_ratio = r;
   for (double& margin : c.config.ratio_margins) margin = std::min(margin, 1.0 - r);
   c.config.validate();
@@ -114,11 +135,18 @@ namespace detail {
       std::string s = c.alpha == 1.0 ? "cachecraft" : "cachecraft@" + detail::format_setting(c.alpha);
       return c.focus_termination ? s : s + "-nofocus";
     }
+    std::string operator()(const QueryAware& q) const {
+      const double r = q.config.recompute_ratio;
+      if (q.query_weight != 1.0)
+        return "queryaware@" + detail::format_setting(r) + ":" + detail::format_setting(q.query_weight);
+      return r == HKVDConfig{}.recompute_ratio ? "queryaware" : "queryaware@" + detail::format_setting(r);
+    }
   };
   return std::visit(Visitor{}, m);
 }
 
-// Reads a method name: full, prefix, naive, cacheblend[@r|@auto], attnlink[@k], cachecraft[@alpha][-nofocus].
+// Reads a method name: full, prefix, naive, cacheblend[@r|@auto], attnlink[@k], cachecraft[@alpha][-nofocus],
+// queryaware[@r[:lambda]].
 [[nodiscard]] inline FusionMethod parse_method(std::string_view text) {
   const std::size_t at = text.find('@');
   std::string_view name = text.substr(0, at);
@@ -163,8 +191,24 @@ namespace detail {
     detail::require(c.alpha >= 0, "fusion method '{}': alpha = {} must be >= 0", text, c.alpha);
     return c;
   }
-  throw error(fmt::format("unknown fusion method '{}' (expected full, prefix, naive, cacheblend[@r], attnlink[@k], "
-                          "cachecraft[@alpha][-nofocus])",
+  if (name == "queryaware") {
+    QueryAware q;
+    const std::size_t colon = setting.find(':');
+    const std::string_view ratio = setting.substr(0, colon);
+    detail::require(at == std::string_view::npos || !ratio.empty(),
+                    "fusion method '{}': no r before ':' (expected queryaware@r:lambda)", text);
+    if (colon != std::string_view::npos) {
+      const std::string_view lambda = setting.substr(colon + 1);
+      detail::require(!lambda.empty(), "fusion method '{}': no lambda after ':' (expected queryaware@r:lambda)",
+                      text);
+      q.query_weight = detail::parse_setting(text, lambda);
+      detail::require(q.query_weight >= 0.0 && q.query_weight <= 1.0,
+                      "fusion method '{}': lambda = {} must be in [0, 1]", text, lambda);
+    }
+    return with_recompute_ratio(q, ratio.empty() ? q.config.recompute_ratio : detail::parse_setting(text, ratio));
+  }
+  throw error(fmt::format("unknown fusion method '{}' (expected full, prefix, naive, cacheblend[@r|@auto], "
+                          "attnlink[@k], cachecraft[@alpha][-nofocus], queryaware[@r[:lambda]])",
                           text));
 }
 

@@ -241,7 +241,7 @@ class FusionPipeline {
     TokenSet all;
     append_range(all, {0, n});
     backend_->begin(tokens);
-    (void)backend_->prefill(all, keep_all, &layout);
+    (void)backend_->prefill(all, keep_all, StatisticsRequest{&layout});
 
     // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
     // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.
@@ -295,8 +295,8 @@ class FusionPipeline {
   }
 
   // Online: the prompt's KV (in the engine) and last-token logits by `method`, timed. A method whose S_l
-  // needs per-layer feedback (CacheBlend, Cache-Craft with focus termination) is refused with a named error
-  // when the engine models only FixedSetFusionBackend.
+  // needs per-layer feedback (CacheBlend, QueryAware, Cache-Craft with focus termination) is refused with a
+  // named error when the engine models only FixedSetFusionBackend.
   FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) {
     check_prompt(tokens, layout, "FusionPipeline::run");
     backend_->begin(tokens);
@@ -401,7 +401,8 @@ class FusionPipeline {
   }
 
   // CacheBlend §5.1's second question on a MeasuredTierStore: the cheapest tier that loads a layer of this
-  // request no slower than it recomputes one (ratio: CacheBlend's r, else |S_0| / n); new entries go there.
+  // request no slower than it recomputes one (ratio: the r of CacheBlend's or QueryAware's gradual filtering,
+  // else |S_0| / n); new entries go there.
   void place(const FusionMethod& method, const FusionPlan& plan, FusionResult& out) {
     if constexpr (MeasuredTierStore<Store>) {
       if (!measured_.valid) return;
@@ -409,9 +410,11 @@ class FusionPipeline {
       if (std::any_of(tiers.begin(), tiers.end(), [](const StorageDevice& d) { return d.bandwidth_bytes_per_s <= 0; }))
         return;  // a tier not measured yet
       const auto* blend = std::get_if<CacheBlend>(&method);
-      const double ratio = blend != nullptr ? blend->config.recompute_ratio
-                                            : static_cast<double>(plan.initial.size()) /
-                                                  static_cast<double>(plan.layout.num_tokens());
+      const auto* aware = std::get_if<QueryAware>(&method);
+      const double ratio = blend != nullptr   ? blend->config.recompute_ratio
+                           : aware != nullptr ? aware->config.recompute_ratio
+                                              : static_cast<double>(plan.initial.size()) /
+                                                    static_cast<double>(plan.layout.num_tokens());
       out.tier = LoadingController({0.0}).choose_device(loading_request(plan), tiers, ratio);
       store_->set_placement(out.tier->device.value_or(0));
     }
@@ -509,7 +512,9 @@ class FusionPipeline {
         if (policy_ms != nullptr) policy_ms->push_back(detail::ms_since(t0));
         return s;
       };
-      logits = backend_->prefill(plan.initial, next, schedule.needs_attention ? &plan.layout : nullptr);
+      const StatisticsRequest stats{schedule.needs_attention ? &plan.layout : nullptr,
+                                    schedule.needs_query_mass ? plan.layout.query : TokenRange{}};
+      logits = backend_->prefill(plan.initial, next, stats);
     } else {
       throw error(fmt::format("FusionPipeline: method '{}' changes the recomputed set per layer, which this "
                               "backend cannot (it models FixedSetFusionBackend only)",
@@ -528,7 +533,8 @@ class FusionPipeline {
     FusionPlan& plan = out.plan;
     std::vector<detail::LayerStream> streams;
     // Chunks installed whole (recomputed isolated caches): an aborted prefill overwrites their rows on the layers
-    // it computed (CacheBlend's S_0 is every row), so they are installed again before the prefill re-runs.
+    // it computed (CacheBlend's and QueryAware's S_0 is every row), so they are installed again before the
+    // prefill re-runs.
     std::vector<std::pair<std::size_t, KVBlock>> whole;
     bool prefix_broken = false;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {

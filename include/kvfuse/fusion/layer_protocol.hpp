@@ -1,10 +1,10 @@
 #pragma once
 // The per-layer protocol of the fusion loop, independent of any backend: what an engine's forward pass
-// reports after computing the selected rows S_l of layer l (KV deviations, attention statistics), and what
-// a method's policy returns (S_{l+1}). Every position-independent reuse method is the same layer-wise
-// partial prefill (CacheBlend §4.3, Epic §4.2, Cache-Craft §3.2); fusion/layer_schedule.hpp says, per
-// method, which rows each layer computes. The reference CPU backend (backend/cpu/llama.hpp) is one engine
-// that speaks it.
+// reports after computing the selected rows S_l of layer l (KV deviations; on request attention statistics
+// and the query's attention mass), and what a method's policy returns (S_{l+1}). Every position-independent
+// reuse method is the same layer-wise partial prefill (CacheBlend §4.3, Epic §4.2, Cache-Craft §3.2);
+// fusion/layer_schedule.hpp says, per method, which rows each layer computes. The reference CPU backend
+// (backend/cpu/llama.hpp) is one engine that speaks it.
 //
 // Also here: Cache-Craft's statistics computed from these reports (question_attention: eq. 15's term;
 // chunk_attention: eq. 3, 4 and 14's inputs).
@@ -43,6 +43,19 @@ struct LayerReport {
   std::span<const float> k_deviation;  // per entry of selected: squared L2 of recomputed − cached K (CacheBlend 4.1)
   std::span<const float> v_deviation;  // the same for V
   const LayerAttention* attention;     // nullptr unless statistics were asked for (LayerSchedule::needs_attention)
+  // Per entry of selected: the softmax weight the query rows (StatisticsRequest::query, all in S_l) put on that
+  // row on this layer, summed over the query rows and over all query heads. On a sliding-window layer (Gemma 3's
+  // local layers) it is the weight over every row at a position <= the query row's, as if the layer had no
+  // window: the window would hide all but the last few hundred positions from the query. Empty unless asked for
+  // (LayerSchedule::needs_query_mass; QueryAwareSelector ranks by it).
+  std::span<const float> query_mass{};
+};
+
+// The statistics a per-layer engine computes for the policy besides the K / V deviations, all from the softmax
+// the layer computes anyway (PerLayerFusionBackend's prefill, fusion/fusion_backend.hpp).
+struct StatisticsRequest {
+  const PromptLayout* groups = nullptr;  // set: LayerReport::attention over these groups (LayerAttention)
+  TokenRange query{};                    // non-empty: LayerReport::query_mass, the attention of these rows
 };
 
 // Returns S_{l+1} ⊆ S_l, which must keep the last row. The value returned after the last layer is not used.

@@ -13,6 +13,9 @@
 //                   (FocusedChunkDetector, Cache-Craft §3.2.2, Algorithm 1: needs attention statistics).
 //   CacheBlend      S_0 = every token; check layers keep the tokens of highest KV deviation, down to r
 //                   (HKVDSelector, CacheBlend §4.3 gradual filtering: needs KV deviations).
+//   QueryAware      S_0 = every token; check layers keep the tokens the query rows attend to most (mixed with
+//                   the KV deviation when λ < 1), down to r on CacheBlend's schedule (QueryAwareSelector: needs
+//                   the query mass, and KV deviations when λ < 1).
 // A schedule without `next` recomputes one fixed set on every layer: an engine that cannot change the set
 // per layer or report deviations / statistics can still run it.
 
@@ -32,6 +35,7 @@
 #include "kvfuse/select/attnlink_boundary.hpp"
 #include "kvfuse/select/focused_chunk_detector.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
+#include "kvfuse/select/query_aware_selector.hpp"
 
 namespace kvfuse {
 
@@ -40,6 +44,7 @@ struct LayerSchedule {
   SelectionPolicy next;            // S_{l+1} from layer l's report; empty: S_l = S_0 on every layer
   bool needs_deviation = false;    // `next` reads LayerReport::k_deviation / v_deviation
   bool needs_attention = false;    // `next` reads LayerReport::attention (groups = the plan's layout)
+  bool needs_query_mass = false;   // `next` reads LayerReport::query_mass (query = the plan's layout.query)
   // Cache-Craft focus termination: Algorithm 1's decision (L*, F* as layout chunk indices) once it is made.
   std::shared_ptr<std::optional<FocusDecision>> focus = std::make_shared<std::optional<FocusDecision>>();
 
@@ -147,6 +152,21 @@ inline SelectionPolicy focus_termination(const FusionPlan& plan, const CacheCraf
                                              by_value ? r.v_deviation : r.k_deviation);
                    };
                    s.needs_deviation = true;
+                 },
+                 [&](const QueryAware& aware) {
+                   s.initial = detail::all_rows(plan);  // layer 0 computes every token (CacheBlend §4.3)
+                   detail::require(aware.rank_by == KVTensor::key || aware.rank_by == KVTensor::value,
+                                   "QueryAware::rank_by = {} is neither KVTensor::key nor KVTensor::value",
+                                   static_cast<int>(aware.rank_by));
+                   auto selector = std::make_shared<QueryAwareSelector>(
+                       aware.config, plan.layout, static_cast<int>(num_layers), aware.query_weight);
+                   const bool by_value = aware.rank_by == KVTensor::value;
+                   s.next = [selector, by_value](const LayerReport& r) {
+                     return selector->select(static_cast<int>(r.layer), r.selected, r.query_mass,
+                                             by_value ? r.v_deviation : r.k_deviation);
+                   };
+                   s.needs_query_mass = selector->reads_query_mass();
+                   s.needs_deviation = selector->reads_deviation();
                  },
              },
              method);

@@ -1,6 +1,6 @@
 #pragma once
-// The pre-tokenizers BPETokenizer supports (kvfuse::detail): the regexes that split text into pieces before
-// BPE, by the name a GGUF file gives in `tokenizer.ggml.pre`.
+// The pre-tokenizers the byte-level BPE model (model/bpe.hpp) supports (kvfuse::detail): the regexes that
+// split text into pieces before BPE, by the name a GGUF file gives in `tokenizer.ggml.pre`.
 //
 // Regexes copied from llama.cpp's llm_tokenizer_bpe constructor (src/llama-vocab.cpp), in PCRE2 syntax:
 //   "smollm", "starcoder", "refact"   \p{N}   then the GPT-2 regex          (LLAMA_VOCAB_PRE_TYPE_SMOLLM ...)

@@ -1,14 +1,16 @@
 #pragma once
 // TokenizerVocab: the tokenizer tables of a GGUF file (`tokenizer.ggml.*`, `tokenizer.chat_template`) as
-// plain data, read by TokenizerVocab::from_gguf and checked by validate() before BPETokenizer indexes them.
+// plain data, read by TokenizerVocab::from_gguf and checked by validate() before Tokenizer indexes them.
 //
-// Only byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`) with a pre-tokenizer kvfuse knows
-// (model/pretokenizer.hpp) pass validate(); SentencePiece ("llama"), WordPiece ("bert") and Unigram ("t5")
-// vocabularies are refused with kvfuse::error naming the model.
+// Two tokenizer models pass validate(), as llama.cpp names them in `tokenizer.ggml.model`:
+//   "gpt2"   byte-level BPE (merges, and a pre-tokenizer kvfuse knows: model/pretokenizer.hpp), e.g. SmolLM2;
+//   "llama"  SentencePiece BPE (token scores, "<0xHH>" byte tokens), e.g. Llama 2, Gemma 3.
+// WordPiece ("bert"), Unigram ("t5"), RWKV and every other model are refused with kvfuse::error naming it.
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -39,17 +41,21 @@ enum class TokenType : std::int32_t {
 
 // The tokenizer part of a GGUF file's metadata, as plain data.
 struct TokenizerVocab {
-  std::string model = "gpt2";             // tokenizer.ggml.model
-  std::string pre;                        // tokenizer.ggml.pre
-  std::vector<std::string> tokens;        // tokenizer.ggml.tokens: byte-encoded text of each id
+  std::string model = "gpt2";             // tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+  std::string pre;                        // tokenizer.ggml.pre (gpt2 only; SentencePiece has no pre-tokenizer)
+  std::vector<std::string> tokens;        // tokenizer.ggml.tokens: text of each id (gpt2: byte-encoded, "Ġthe";
+                                          // llama: spaces as U+2581, "▁the")
   std::vector<std::int32_t> token_types;  // tokenizer.ggml.token_type (TokenType); empty: all normal
-  std::vector<std::string> merges;        // tokenizer.ggml.merges: "left right", rank = index
+  std::vector<std::string> merges;        // tokenizer.ggml.merges (gpt2): "left right", rank = index
+  std::vector<float> scores;              // tokenizer.ggml.scores (llama): merge priority; empty: all 0
   token_id bos = kNoToken;                // tokenizer.ggml.bos_token_id
   token_id eos = kNoToken;                // tokenizer.ggml.eos_token_id
   token_id unk = kNoToken;                // tokenizer.ggml.unknown_token_id
   token_id pad = kNoToken;                // tokenizer.ggml.padding_token_id
   bool add_bos = false;                   // tokenizer.ggml.add_bos_token
   bool add_eos = false;                   // tokenizer.ggml.add_eos_token
+  bool add_space_prefix = false;          // tokenizer.ggml.add_space_prefix: " " before text that starts a
+                                          // prompt or follows a special token (llama), stripped by decode
   std::string chat_template;              // tokenizer.chat_template (Jinja source)
 
   // Type of token `id` (normal when token_types is empty); throws for an id outside [0, tokens.size()).
@@ -59,19 +65,26 @@ struct TokenizerVocab {
     return token_types.empty() ? TokenType::normal : static_cast<TokenType>(token_types[static_cast<std::size_t>(id)]);
   }
 
-  // Throws kvfuse::error naming the first bad field. Merges are checked by BPETokenizer, which indexes them.
+  // Throws kvfuse::error naming the first bad field. Merges are checked by the BPE model, which indexes them.
   void validate() const;
 
-  // Reads the keys listed above; the optional ones keep their defaults when absent.
+  // Reads the keys listed above; the optional ones keep their defaults when absent, except that a "llama"
+  // vocabulary without add_bos_token / add_space_prefix gets true for both, as llama.cpp defaults them.
   [[nodiscard]] static TokenizerVocab from_gguf(const GGUFFile& file);
 };
 
 inline void TokenizerVocab::validate() const {
-  detail::require(model == "gpt2", "tokenizer: unsupported tokenizer model '{}' (supported: gpt2)", model);
-  detail::require(!pre.empty(), "tokenizer: the vocabulary names no pre-tokenizer (tokenizer.ggml.pre); supported: {}",
-                  detail::kSupportedPreTokenizers);
-  detail::require(detail::pre_tokenizer_spec(pre).has_value(),
-                  "tokenizer: unsupported pre-tokenizer '{}' (supported: {})", pre, detail::kSupportedPreTokenizers);
+  detail::require(model == "gpt2" || model == "llama",
+                  "tokenizer: unsupported tokenizer model '{}' (supported: gpt2 = byte-level BPE, llama = "
+                  "SentencePiece BPE)",
+                  model);
+  if (model == "gpt2") {
+    detail::require(!pre.empty(),
+                    "tokenizer: the vocabulary names no pre-tokenizer (tokenizer.ggml.pre); supported: {}",
+                    detail::kSupportedPreTokenizers);
+    detail::require(detail::pre_tokenizer_spec(pre).has_value(),
+                    "tokenizer: unsupported pre-tokenizer '{}' (supported: {})", pre, detail::kSupportedPreTokenizers);
+  }
   detail::require(!tokens.empty(), "tokenizer: the vocabulary has no tokens");
   detail::require(tokens.size() <= static_cast<std::size_t>(INT32_MAX), "tokenizer: {} tokens do not fit token_id",
                   tokens.size());
@@ -83,6 +96,11 @@ inline void TokenizerVocab::validate() const {
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     detail::require_utf8(tokens[i], fmt::format("token {}", i));
+  }
+  detail::require(scores.empty() || scores.size() == tokens.size(), "tokenizer: {} scores for {} tokens",
+                  scores.size(), tokens.size());
+  for (std::size_t i = 0; i < scores.size(); ++i) {
+    detail::require(!std::isnan(scores[i]), "tokenizer: token {} has score NaN", i);
   }
   const auto n = static_cast<token_id>(tokens.size());
   const std::pair<const char*, token_id> ids[] = {{"bos", bos}, {"eos", eos}, {"unk", unk}, {"pad", pad}};
@@ -103,6 +121,18 @@ inline TokenizerVocab TokenizerVocab::from_gguf(const GGUFFile& file) {
     v.token_types.assign(types.begin(), types.end());
   }
   if (file.contains("tokenizer.ggml.merges")) v.merges = file.get_string_array("tokenizer.ggml.merges");
+  if (file.contains("tokenizer.ggml.scores")) {
+    // float32 as written by llama.cpp's converters; int32 is accepted too, as llama.cpp does.
+    const GGUFArray& scores = file.get_array("tokenizer.ggml.scores");
+    if (scores.element_type() == GGUFValueType::int32) {
+      for (const std::int32_t s : file.get_i32_array("tokenizer.ggml.scores")) {
+        v.scores.push_back(static_cast<float>(s));
+      }
+    } else {
+      const auto f = file.get_f32_array("tokenizer.ggml.scores");  // names the key and type when neither
+      v.scores.assign(f.begin(), f.end());
+    }
+  }
   auto id = [&](const char* key) {
     if (!file.contains(key)) return kNoToken;
     const std::int64_t value = file.get_i64(key);
@@ -113,8 +143,10 @@ inline TokenizerVocab TokenizerVocab::from_gguf(const GGUFFile& file) {
   v.eos = id("tokenizer.ggml.eos_token_id");
   v.unk = id("tokenizer.ggml.unknown_token_id");
   v.pad = id("tokenizer.ggml.padding_token_id");
-  v.add_bos = file.get_bool("tokenizer.ggml.add_bos_token", false);
+  const bool spm = v.model == "llama";
+  v.add_bos = file.get_bool("tokenizer.ggml.add_bos_token", spm);
   v.add_eos = file.get_bool("tokenizer.ggml.add_eos_token", false);
+  v.add_space_prefix = file.get_bool("tokenizer.ggml.add_space_prefix", spm);
   if (file.contains("tokenizer.chat_template")) v.chat_template = file.get_string("tokenizer.chat_template");
   return v;
 }

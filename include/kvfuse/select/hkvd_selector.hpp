@@ -28,9 +28,9 @@
 //     so it gets the widest margin; the set reaches r after three layers. The margins cost 0.10 + 0.05
 //     layer-equivalents of reusable tokens, about 0.5 % of a full prefill of a 30-layer model.
 //     Margins (not absolute ratios) are configured so that changing r alone keeps the schedule consistent.
-//   - the selector ranks whatever per-token deviations it is given; which tensor they compare (K or V;
-//     CacheBlend's reference implementation uses V) is the engine's choice (CacheBlend::rank_by in
-//     fusion/fusion_method.hpp).
+//   - the selector ranks whatever per-token scores it is given; for CacheBlend the deviations, of the tensor
+//     (K or V; CacheBlend's reference implementation uses V) CacheBlend::rank_by names (fusion/fusion_method.hpp).
+//     QueryAwareSelector (select/query_aware_selector.hpp) runs the same schedule on other scores.
 //   - counts: check i keeps round(r_i * n_reusable) reusable tokens (nearest integer; the reference
 //     implementation truncates, which turns 0.29 * 100 = 28.999... into 28; detail::keep_count, the same
 //     count the GPU top-k keeps). Ties in deviation go to the lower position; a NaN deviation ranks first
@@ -202,28 +202,29 @@ class HKVDSelector {
     return budget(check_position(layer));
   }
 
-  // S_{l+1} from S_l = `current` (the tokens layer `layer` computed). On a check layer, deviation[i] is the
-  // KV deviation of token current[i] on this layer; the entries of mandatory tokens are ignored, the others
-  // must be >= 0 or NaN (a NaN ranks first). The result keeps every mandatory token of `current` plus its
-  // keep_count(layer) reusable tokens of highest deviation (ties: lower position first), so it is a subset
-  // of `current` (CacheBlend section 4.3, gradual filtering). On other layers the set is returned unchanged and
-  // `deviation` is not read (it may be empty).
-  [[nodiscard]] TokenSet select(int layer, const TokenSet& current, std::span<const float> deviation) const {
+  // S_{l+1} from S_l = `current` (the tokens layer `layer` computed). On a check layer, score[i] ranks token
+  // current[i]: CacheBlend's KV deviation on this layer, or any other per-token score where higher means
+  // "recompute first" (QueryAwareSelector's query attention mass, select/query_aware_selector.hpp). The entries
+  // of mandatory tokens are ignored, the others must be >= 0 or NaN (a NaN ranks first). The result keeps every
+  // mandatory token of `current` plus its keep_count(layer) reusable tokens of highest score (ties: lower
+  // position first), so it is a subset of `current` (CacheBlend section 4.3, gradual filtering). On other
+  // layers the set is returned unchanged and `score` is not read (it may be empty).
+  [[nodiscard]] TokenSet select(int layer, const TokenSet& current, std::span<const float> score) const {
     check_layer_index(layer);
     validate_current(current);
     if (!std::binary_search(config_.check_layers.begin(), config_.check_layers.end(), layer)) return current;
-    detail::require(deviation.size() == current.size(),
-                    "HKVDSelector::select: layer {} got {} deviations for a set of {} tokens", layer,
-                    deviation.size(), current.size());
+    detail::require(score.size() == current.size(),
+                    "HKVDSelector::select: layer {} got {} scores for a set of {} tokens", layer, score.size(),
+                    current.size());
 
     std::vector<std::size_t> candidates;  // indices into current of its reusable tokens
     candidates.reserve(current.size());
     std::vector<unsigned char> keep(current.size(), 0);
     for (std::size_t i = 0; i < current.size(); ++i) {
       if (reusable_[static_cast<std::size_t>(current[i])] != 0) {
-        detail::require(!(deviation[i] < 0.0f),
-                        "HKVDSelector::select: deviation {} of token {} (entry {}) on layer {} is negative",
-                        deviation[i], current[i], i, layer);
+        detail::require(!(score[i] < 0.0f),
+                        "HKVDSelector::select: score {} of token {} (entry {}) on layer {} is negative", score[i],
+                        current[i], i, layer);
         candidates.push_back(i);
       } else {
         keep[i] = 1;
@@ -231,8 +232,8 @@ class HKVDSelector {
     }
     const auto k = static_cast<std::size_t>(
         std::min<std::int64_t>(budget(check_position(layer)), static_cast<std::int64_t>(candidates.size())));
-    // Top-k by (deviation desc, position asc) in O(n); current is sorted, so position order is index order.
-    detail::partition_top_k(std::span<std::size_t>(candidates), deviation.data(), k);
+    // Top-k by (score desc, position asc) in O(n); current is sorted, so position order is index order.
+    detail::partition_top_k(std::span<std::size_t>(candidates), score.data(), k);
     for (std::size_t c = 0; c < k; ++c) keep[candidates[c]] = 1;
 
     TokenSet next;

@@ -1,6 +1,6 @@
 #pragma once
-// CpuLlama: the reference Llama forward pass on the CPU (Eigen, fp32), with the layer-wise operations of the
-// fusion loop every position-independent caching method shares (CacheBlend §4.3, Epic §4.2, Cache-Craft
+// CpuLlama: the reference Llama / Gemma 3 forward pass on the CPU (Eigen, fp32), with the layer-wise operations
+// of the fusion loop every position-independent caching method shares (CacheBlend §4.3, Epic §4.2, Cache-Craft
 // §3.2: a layer-wise partial prefill of a selected set S_l over reused chunk KV):
 //   full_prefill        all tokens, every layer                                   -> KV + last-token logits
 //   prefill_chunk       one chunk in isolation at given positions (a chunk cache)  -> KV
@@ -19,12 +19,18 @@
 //              x = RMSNorm(h) ⊙ ffn_norm;  h += W_down (silu(W_gate x) ⊙ W_up x)
 //   logits = W_out · (RMSNorm(h) ⊙ output_norm), W_out = token_embd when the head is tied.
 // RMSNorm(h) = h / sqrt(mean(h²) + eps), the sum of squares taken in double.
+// gemma3 (llama.cpp LLM_ARCH_GEMMA3, models/gemma3.cpp) changes, in the same loop:
+//   h = token_embd[t] · sqrt(n_embd);  each head of q and of k RMSNormed (⊙ attn_q_norm / attn_k_norm) before
+//   RoPE, with layer l's own θ (LlamaConfig::rope_theta(l): rope_base_local on local layers); scores
+//   q·k · attention_scale; h += RMSNorm(W_o ·) ⊙ attn_post_norm;  h += RMSNorm(W_down (gelu_tanh(W_gate x) ⊙
+//   W_up x)) ⊙ ffn_post_norm;  logits soft-capped when final_logit_softcap is set.
 //
 // Attention mask: a query at position p attends to every KV row whose position is <= p, wherever that row
-// sits in the cache — the exact causal mask by position. (Public CacheBlend/LMCache code aligns the mask to
-// the bottom right, letting a selected token see later keys; kvfuse does not.) Masked weights are exact
-// zeros, so a masked row never changes a result as long as its V is finite. Mask and softmax are
-// detail/attention.hpp's (attention_visible, attention_softmax_row): the ones the sparse-attention kernel
+// sits in the cache — the exact causal mask by position; on a local (sliding-window) layer only to rows at
+// positions > p − sliding_window as well (LlamaConfig::attention_window). (Public CacheBlend/LMCache code
+// aligns the mask to the bottom right, letting a selected token see later keys; kvfuse does not.) Masked
+// weights are exact zeros, so a masked row never changes a result as long as its V is finite. Mask and softmax
+// are detail/attention.hpp's (attention_visible, attention_softmax_row): the ones the sparse-attention kernel
 // and its CPU reference run. RoPE: θ_i from rope_frequencies (core/rope.hpp), the double-angle rotation of
 // detail/rope.hpp.
 //
@@ -56,6 +62,7 @@
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/detail/attention.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
+#include "kvfuse/detail/math.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/detail/rope.hpp"
 
@@ -64,6 +71,9 @@ namespace kvfuse {
 struct PartialPrefillOptions {
   // When set, every LayerReport carries LayerAttention over these groups (layout.num_tokens() == rows).
   const PromptLayout* attention_groups = nullptr;
+  // When not empty, every LayerReport carries query_mass: per row of S_l the softmax weight these rows (all in
+  // every S_l) put on it, summed over them and over the query heads (StatisticsRequest::query).
+  TokenRange query_mass_rows{};
   // When set, called with l before layer l reads its KV (the layer-pipelined loader installs layer l there).
   LayerHook before_layer;
 };
@@ -152,8 +162,8 @@ class CpuLlama {
   }
 
   // Moves the cached K of rows [rows.begin, rows.end) from their positions p to p + delta with one rotation
-  // by delta·θ_i (detail::rope_cos_sin at Δ, the double angle); V does not depend on position. The new
-  // positions must be >= 0.
+  // by delta·θ_i on each layer, with that layer's θ_i (detail::rope_cos_sin at Δ, the double angle); V does
+  // not depend on position. The new positions must be >= 0.
   void rope_shift(LlamaKVCache& kv, TokenRange rows, std::int64_t delta) const {
     check_kv(kv, "CpuLlama::rope_shift");
     validate_range(rows, kv.num_rows(), "CpuLlama::rope_shift");
@@ -173,7 +183,7 @@ class CpuLlama {
     detail::require(layer >= 0 && layer < config_.n_layer, "CpuLlama::rope_shift_layer: layer {} of {}", layer,
                     config_.n_layer);
     const std::int64_t hd = config_.head_dim;
-    const std::vector<double> theta = config_.rope_theta();
+    const std::vector<double> theta = config_.rope_theta(layer);
     std::vector<float> cos_d(theta.size());
     std::vector<float> sin_d(theta.size());
     detail::rope_cos_sin(theta.data(), hd / 2, static_cast<double>(delta), cos_d.data(), sin_d.data());
@@ -212,12 +222,14 @@ class CpuLlama {
                       "CpuLlama::partial_prefill: attention groups cover {} tokens, the prompt has {}",
                       options.attention_groups->num_tokens(), n);
     }
+    validate_range(options.query_mass_rows, n, "CpuLlama::partial_prefill: query_mass_rows");
     std::vector<token_id> initial_tokens(initial.size());
     for (std::size_t i = 0; i < initial.size(); ++i) initial_tokens[i] = tokens[static_cast<std::size_t>(initial[i])];
     PartialPrefillResult result;
     const SelectionPolicy keep = [](const LayerReport& r) { return r.selected; };
     result.logits = run(merged, initial, initial_tokens, policy ? &policy : &keep, options.attention_groups, true,
-                        &result.selected_per_layer, options.before_layer ? &options.before_layer : nullptr);
+                        &result.selected_per_layer, options.before_layer ? &options.before_layer : nullptr,
+                        options.query_mass_rows);
     return result;
   }
 
@@ -343,10 +355,28 @@ class CpuLlama {
     }
   }
 
+  // In place, each of the `heads` head vectors of every row: RMSNorm over head_dim ⊙ weight ([head_dim]), the
+  // same arithmetic as rms_norm (gemma3's attn_q_norm / attn_k_norm).
+  void rms_norm_heads(RowMatrix& x, std::int64_t heads, const Eigen::VectorXf& weight) const {
+    const std::int64_t hd = config_.head_dim;
+    const auto d = static_cast<double>(hd);
+    for (Eigen::Index i = 0; i < x.rows(); ++i) {
+      for (std::int64_t head = 0; head < heads; ++head) {
+        auto v = x.row(i).segment(head * hd, hd);
+        const double ss = v.cast<double>().squaredNorm();
+        const auto scale = static_cast<float>(1.0 / std::sqrt(ss / d + config_.rms_eps));
+        v = (v * scale).cwiseProduct(weight.transpose());
+      }
+    }
+  }
+
   // Attention of the selected rows' queries q ([|sel|][q_dim], rotated) over layer `layer` of kv; writes
-  // out ([|sel|][q_dim]) and, when `groups` is set, the statistics.
+  // out ([|sel|][q_dim]), when `groups` is set the statistics, and when `query_mass` is set ([|sel|]) the
+  // weight the entries `query` of sel put on each selected row, summed over them and over the heads (on a
+  // sliding-window layer, without the window: see below).
   void attention(std::int64_t layer, const LlamaKVCache& kv, const TokenSet& sel, const RowMatrix& q, RowMatrix& out,
-                 const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats) const {
+                 const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats,
+                 TokenRange query, std::vector<float>* query_mass) const {
     using StridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
     using StridedOut = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
     const auto s = static_cast<std::int64_t>(sel.size());
@@ -360,16 +390,30 @@ class CpuLlama {
     const std::vector<std::int64_t>& pos = kv.positions;
     const auto n_rows = static_cast<std::int64_t>(pos.size());
 
-    // Rows a block of queries can see all lie before keys[b]: one past the last row at a position <= the
-    // block's highest query position (rows after it are masked for every query of the block).
+    const std::int64_t window = config_.attention_window(layer);  // 0 on a global layer
+
+    // Rows a block of queries can see all lie in [first[b], keys[b]): keys[b] is one past the last row at a
+    // position <= the block's highest query position (rows after it are masked for every query of the
+    // block); on a sliding-window layer first[b] skips the leading rows at positions <= the block's lowest
+    // query position − window (masked for every query of the block as well). A query's own row lies inside.
+    std::vector<std::int64_t> first(static_cast<std::size_t>(blocks), 0);
     std::vector<std::int64_t> keys(static_cast<std::size_t>(blocks));
     for (std::int64_t b = 0; b < blocks; ++b) {
       std::int64_t max_pos = std::numeric_limits<std::int64_t>::min();
-      for (std::int64_t i = b * bs; i < std::min(s, (b + 1) * bs); ++i)
-        max_pos = std::max(max_pos, pos[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
+      std::int64_t min_pos = std::numeric_limits<std::int64_t>::max();
+      for (std::int64_t i = b * bs; i < std::min(s, (b + 1) * bs); ++i) {
+        const std::int64_t p = pos[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])];
+        max_pos = std::max(max_pos, p);
+        min_pos = std::min(min_pos, p);
+      }
       std::int64_t r = n_rows;
       while (r > 0 && pos[static_cast<std::size_t>(r - 1)] > max_pos) --r;
       keys[static_cast<std::size_t>(b)] = r;
+      if (window > 0) {
+        std::int64_t f = 0;
+        while (f < r && pos[static_cast<std::size_t>(f)] <= min_pos - window) ++f;
+        first[static_cast<std::size_t>(b)] = f;
+      }
     }
 
     out.resize(s, qd);
@@ -379,17 +423,24 @@ class CpuLlama {
       head_mass.assign(static_cast<std::size_t>(n_head * s * num_groups), 0.0f);
       head_self.assign(static_cast<std::size_t>(n_head * s), 0.0f);
     }
+    // Query mass: per head and per block holding query entries, the weights of those entries summed per KV row
+    // (each task writes its own slot; the slots are added in a fixed order below).
+    const std::int64_t query_block0 = query.begin / bs;
+    const std::int64_t query_blocks = query.empty() ? 0 : (query.end - 1) / bs + 1 - query_block0;
+    std::vector<double> head_query;
+    if (query_mass != nullptr) head_query.assign(static_cast<std::size_t>(n_head * query_blocks * n_rows), 0.0);
     // Base-2 scores (detail/attention.hpp): q·k · scale · log2(e).
-    const float factor = detail::attention_score_factor(static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))));
+    const float factor = detail::attention_score_factor(config_.attention_score_scale());
     const auto head_block = [&](std::int64_t task) {
       const std::int64_t h = task / blocks;
       const std::int64_t b = task % blocks;
       const std::int64_t i0 = b * bs;
       const std::int64_t m = std::min(s, i0 + bs) - i0;
-      const std::int64_t nk = keys[static_cast<std::size_t>(b)];
-      const std::int64_t g = h / group;  // GQA: consecutive query heads share a KV head
-      const StridedMap k(kv.k_row(layer, 0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
-      const StridedMap v(kv.v_row(layer, 0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
+      const std::int64_t r0 = first[static_cast<std::size_t>(b)];
+      const std::int64_t nk = keys[static_cast<std::size_t>(b)] - r0;  // score j is row r0 + j
+      const std::int64_t g = h / group;                                // GQA: consecutive query heads share a KV head
+      const StridedMap k(kv.k_row(layer, r0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
+      const StridedMap v(kv.v_row(layer, r0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
       const StridedMap qh(q.data() + i0 * qd + h * hd, m, hd, Eigen::OuterStride<>(qd));
       RowMatrix p(m, nk);
       p.noalias() = qh * k.transpose();
@@ -398,18 +449,23 @@ class CpuLlama {
         const std::int64_t row = sel[static_cast<std::size_t>(i0 + i)];
         const std::int64_t qpos = pos[static_cast<std::size_t>(row)];
         float* w = p.row(i).data();
-        for (std::int64_t r = 0; r < nk; ++r)  // exact causal mask by position: −inf, probability exactly 0
-          w[r] = detail::attention_visible(pos[static_cast<std::size_t>(r)], qpos) ? w[r] * factor
-                                                                                  : detail::attention_neg_inf();
+        for (std::int64_t r = 0; r < nk; ++r)  // exact (windowed) causal mask by position: −inf, probability 0
+          w[r] = detail::attention_visible(pos[static_cast<std::size_t>(r0 + r)], qpos, window)
+                     ? w[r] * factor
+                     : detail::attention_neg_inf();
         detail::attention_softmax_row(w, nk);  // the softmax of the kernels and their reference
         if (stats != nullptr) {
           std::fill(acc.begin(), acc.end(), 0.0);
           for (std::int64_t r = 0; r < nk; ++r)
-            acc[static_cast<std::size_t>((*group_of_row)[static_cast<std::size_t>(r)])] += w[r];
+            acc[static_cast<std::size_t>((*group_of_row)[static_cast<std::size_t>(r0 + r)])] += w[r];
           float* dst = head_mass.data() + ((h * s) + i0 + i) * num_groups;
           for (std::int64_t gi = 0; gi < num_groups; ++gi)
             dst[gi] = static_cast<float>(acc[static_cast<std::size_t>(gi)]);
-          head_self[static_cast<std::size_t>(h * s + i0 + i)] = w[row];
+          head_self[static_cast<std::size_t>(h * s + i0 + i)] = w[row - r0];
+        }
+        if (query_mass != nullptr && window == 0 && query.contains(i0 + i)) {
+          double* col = head_query.data() + ((h * query_blocks) + b - query_block0) * n_rows + r0;
+          for (std::int64_t r = 0; r < nk; ++r) col[r] += w[r];
         }
       }
       StridedOut o(out.data() + i0 * qd + h * hd, m, hd, Eigen::OuterStride<>(qd));
@@ -417,11 +473,37 @@ class CpuLlama {
     };
     std::int64_t work = 0;  // multiply-adds of QK^T and PV
     for (std::int64_t b = 0; b < blocks; ++b)
-      work += 2 * n_head * std::min(bs, s - b * bs) * keys[static_cast<std::size_t>(b)] * hd;
+      work += 2 * n_head * std::min(bs, s - b * bs) *
+              (keys[static_cast<std::size_t>(b)] - first[static_cast<std::size_t>(b)]) * hd;
     if (tasks_for(work, n_head * blocks) == 1) {
       for (std::int64_t t = 0; t < n_head * blocks; ++t) head_block(t);
     } else {
       pool_->parallel_for(n_head * blocks, head_block);
+    }
+    // On a sliding-window layer the query rows see only the last `window` positions, which says nothing of
+    // what they attend to in the rest of the prompt: the query mass is then the weight of the same query rows
+    // over every row at a position <= theirs (this layer's scores without the window; its output is the
+    // windowed attention above). |query| x n scores per head, into the head's first query slot.
+    if (query_mass != nullptr && window > 0 && !query.empty()) {
+      const auto head_query_unwindowed = [&](std::int64_t h) {
+        const StridedMap k(kv.k_row(layer, 0) + (h / group) * hd, n_rows, hd, Eigen::OuterStride<>(kvd));
+        Eigen::VectorXf w(n_rows);
+        double* col = head_query.data() + h * query_blocks * n_rows;
+        for (std::int64_t i = query.begin; i < query.end; ++i) {
+          const std::int64_t qpos = pos[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])];
+          w.noalias() = k * Eigen::Map<const Eigen::VectorXf>(q.data() + i * qd + h * hd, hd);
+          for (std::int64_t r = 0; r < n_rows; ++r)
+            w[r] = detail::attention_visible(pos[static_cast<std::size_t>(r)], qpos, 0) ? w[r] * factor
+                                                                                       : detail::attention_neg_inf();
+          detail::attention_softmax_row(w.data(), n_rows);
+          for (std::int64_t r = 0; r < n_rows; ++r) col[r] += w[r];
+        }
+      };
+      if (tasks_for(2 * n_head * query.size() * n_rows * hd, n_head) == 1) {
+        for (std::int64_t h = 0; h < n_head; ++h) head_query_unwindowed(h);
+      } else {
+        pool_->parallel_for(n_head, head_query_unwindowed);
+      }
     }
     if (stats != nullptr) {
       stats->num_groups = num_groups;
@@ -434,32 +516,53 @@ class CpuLlama {
           stats->self_mass[static_cast<std::size_t>(i)] += head_self[static_cast<std::size_t>(h * s + i)];
       }
     }
+    if (query_mass != nullptr) {
+      query_mass->assign(static_cast<std::size_t>(s), 0.0f);
+      for (std::int64_t i = 0; i < s; ++i) {
+        const std::int64_t row = sel[static_cast<std::size_t>(i)];
+        double sum = 0.0;
+        for (std::int64_t slot = 0; slot < n_head * query_blocks; ++slot)
+          sum += head_query[static_cast<std::size_t>(slot * n_rows + row)];
+        (*query_mass)[static_cast<std::size_t>(i)] = static_cast<float>(sum);
+      }
+    }
   }
 
   // The layer loop. Computes rows `sel` (S_0; their tokens in `sel_tokens`) of kv on every layer, attending to
-  // all rows of kv by position; after each layer asks `policy` (if any) for S_{l+1}. Returns the logits of
-  // the last row of S_0 when `want_logits` (that row must stay selected), else nothing.
+  // all rows of kv by position; after each layer asks `policy` (if any) for S_{l+1}, reporting the query mass
+  // of `query_rows` when it is not empty. Returns the logits of the last row of S_0 when `want_logits` (that
+  // row must stay selected), else nothing.
   std::vector<float> run(LlamaKVCache& kv, TokenSet sel, std::span<const token_id> sel_tokens,
                          const SelectionPolicy* policy, const PromptLayout* groups, bool want_logits,
-                         std::vector<std::int64_t>* sizes, const LayerHook* before_layer = nullptr) const {
+                         std::vector<std::int64_t>* sizes, const LayerHook* before_layer = nullptr,
+                         TokenRange query_rows = {}) const {
     const std::int64_t e = config_.n_embd;
     const std::int64_t hd = config_.head_dim;
     const std::int64_t pairs = hd / 2;
     const RopePairing pairing = config_.rope_pairing;
+    const bool gemma3 = config_.architecture == LlamaArchitecture::gemma3;
     const std::int64_t logits_row = sel.back();
     auto s = static_cast<std::int64_t>(sel.size());
 
     RowMatrix h(s, e);
     for (std::int64_t i = 0; i < s; ++i) h.row(i) = weights_.token_embd.row(sel_tokens[static_cast<std::size_t>(i)]);
+    if (config_.embedding_scale != 1.0) h *= static_cast<float>(config_.embedding_scale);
 
-    // RoPE cos / sin of every S_0 row (double angle, detail/rope.hpp), reused on every layer; origin[i] =
-    // index in S_0 of entry i of S_l.
-    const std::vector<double> theta = config_.rope_theta();
-    std::vector<float> cos_t(static_cast<std::size_t>(s * pairs));
-    std::vector<float> sin_t(cos_t.size());
-    for (std::int64_t i = 0; i < s; ++i) {
-      const auto p = static_cast<double>(kv.positions[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
-      detail::rope_cos_sin(theta.data(), pairs, p, cos_t.data() + i * pairs, sin_t.data() + i * pairs);
+    // RoPE cos / sin of every S_0 row (double angle, detail/rope.hpp), one table per kind of layer
+    // ([LlamaConfig::is_local(l)]: the global and the local layers' θ), reused on every layer of that kind;
+    // origin[i] = index in S_0 of entry i of S_l.
+    std::vector<float> cos_t[2];
+    std::vector<float> sin_t[2];
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      const std::size_t kind = config_.is_local(l) ? 1 : 0;
+      if (!cos_t[kind].empty()) continue;
+      const std::vector<double> theta = config_.rope_theta(l);
+      cos_t[kind].resize(static_cast<std::size_t>(s * pairs));
+      sin_t[kind].resize(cos_t[kind].size());
+      for (std::int64_t i = 0; i < s; ++i) {
+        const auto p = static_cast<double>(kv.positions[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
+        detail::rope_cos_sin(theta.data(), pairs, p, cos_t[kind].data() + i * pairs, sin_t[kind].data() + i * pairs);
+      }
     }
     std::vector<std::int64_t> origin(static_cast<std::size_t>(s));
     std::iota(origin.begin(), origin.end(), std::int64_t{0});
@@ -475,7 +578,7 @@ class CpuLlama {
     }
 
     RowMatrix x, q, k, v, att, tmp, gate, up;
-    std::vector<float> k_dev, v_dev;
+    std::vector<float> k_dev, v_dev, query_mass;
     LayerAttention stats;
     for (std::int64_t l = 0; l < config_.n_layer; ++l) {
       if (before_layer != nullptr) (*before_layer)(l);
@@ -484,9 +587,14 @@ class CpuLlama {
       project(x, w.wq, q);
       project(x, w.wk, k);
       project(x, w.wv, v);
+      if (gemma3) {
+        rms_norm_heads(q, config_.n_head, w.attn_q_norm);
+        rms_norm_heads(k, config_.n_head_kv, w.attn_k_norm);
+      }
+      const std::size_t kind = config_.is_local(l) ? 1 : 0;
       for (std::int64_t i = 0; i < s; ++i) {
-        const float* c = cos_t.data() + origin[static_cast<std::size_t>(i)] * pairs;
-        const float* sn = sin_t.data() + origin[static_cast<std::size_t>(i)] * pairs;
+        const float* c = cos_t[kind].data() + origin[static_cast<std::size_t>(i)] * pairs;
+        const float* sn = sin_t[kind].data() + origin[static_cast<std::size_t>(i)] * pairs;
         for (std::int64_t head = 0; head < config_.n_head; ++head)
           detail::rope_rotate_head(q.row(i).data() + head * hd, hd, pairing, c, sn);
         for (std::int64_t head = 0; head < config_.n_head_kv; ++head)
@@ -508,20 +616,43 @@ class CpuLlama {
         std::copy_n(k.row(i).data(), k.cols(), kv.k_row(l, row));
         std::copy_n(v.row(i).data(), v.cols(), kv.v_row(l, row));
       }
+      TokenRange query{};  // the entries of sel that are query rows (sel is sorted: one run)
+      if (!query_rows.empty()) {
+        query = {std::lower_bound(sel.begin(), sel.end(), query_rows.begin) - sel.begin(),
+                 std::lower_bound(sel.begin(), sel.end(), query_rows.end) - sel.begin()};
+        detail::require(query.size() == query_rows.size(),
+                        "CpuLlama::partial_prefill: layer {} computes {} of the query rows {}; their attention mass "
+                        "needs all of them",
+                        l, query.size(), query_rows);
+      }
       attention(l, kv, sel, q, att, groups != nullptr ? &group_of_row : nullptr, num_groups,
-                groups != nullptr ? &stats : nullptr);
+                groups != nullptr ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass);
       project(att, w.wo, tmp);
-      h += tmp;
+      if (gemma3) {
+        rms_norm(tmp, w.attn_post_norm, att);
+        h += att;
+      } else {
+        h += tmp;
+      }
       rms_norm(h, w.ffn_norm, x);
       project(x, w.w_gate, gate);
       project(x, w.w_up, up);
-      gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
+      if (gemma3) {
+        gate = gate.unaryExpr([](float g) { return detail::gelu_tanh(g); }).cwiseProduct(up);  // GeGLU
+      } else {
+        gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
+      }
       project(gate, w.w_down, tmp);
-      h += tmp;
+      if (gemma3) {
+        rms_norm(tmp, w.ffn_post_norm, x);
+        h += x;
+      } else {
+        h += tmp;
+      }
       if (sizes != nullptr) sizes->push_back(s);
 
       if (policy == nullptr) continue;
-      TokenSet next = (*policy)(LayerReport{l, sel, k_dev, v_dev, groups != nullptr ? &stats : nullptr});
+      TokenSet next = (*policy)(LayerReport{l, sel, k_dev, v_dev, groups != nullptr ? &stats : nullptr, query_mass});
       if (l + 1 == config_.n_layer) break;  // the policy sees the last layer's statistics; S_L is not used
       check_selection(next, kv.num_rows(), "CpuLlama::partial_prefill: policy result");
       detail::require(!want_logits || (!next.empty() && next.back() == logits_row),
@@ -557,6 +688,10 @@ class CpuLlama {
       Eigen::Map<Eigen::VectorXf>(logits.data() + r0, r1 - r0).noalias() =
           head.middleRows(r0, r1 - r0) * x.row(0).transpose();
     });
+    if (config_.final_logit_softcap > 0) {
+      const auto cap = static_cast<float>(config_.final_logit_softcap);
+      for (float& z : logits) z = detail::softcap(z, cap);
+    }
     return logits;
   }
 
@@ -587,6 +722,17 @@ class CpuLlama {
         tensor(m->data(), m->size());
       tensor(w.attn_norm.data(), w.attn_norm.size());
       tensor(w.ffn_norm.data(), w.ffn_norm.size());
+    }
+    if (config_.architecture == LlamaArchitecture::gemma3) {  // (llama models keep their fingerprints)
+      const std::int64_t arch[] = {static_cast<std::int64_t>(config_.architecture), config_.sliding_window};
+      bytes(arch, sizeof arch);
+      bytes(config_.local_layers.data(), config_.local_layers.size());
+      const double gemma3_reals[] = {config_.rope_base_local, config_.embedding_scale, config_.attention_scale,
+                                     config_.final_logit_softcap};
+      bytes(gemma3_reals, sizeof gemma3_reals);
+      for (const LlamaLayerWeights& w : weights_.layers)
+        for (const Eigen::VectorXf* v : {&w.attn_q_norm, &w.attn_k_norm, &w.attn_post_norm, &w.ffn_post_norm})
+          tensor(v->data(), v->size());
     }
     return hsh;
   }

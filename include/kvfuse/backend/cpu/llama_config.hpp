@@ -5,9 +5,14 @@
 //
 // Supported: architecture "llama" (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, optional untied
 // output head), RoPE with no scaling, linear scaling, or per-frequency factors (GGUF tensor rope_freqs.weight,
-// Llama 3.1). Everything else is refused with a kvfuse::error naming it: other architectures, YaRN and other
+// Llama 3.1). Architecture "gemma3" (llama.cpp LLM_ARCH_GEMMA3, the Gemma 3 text decoders): the same block
+// plus embeddings scaled by sqrt(n_embd), a per-head RMSNorm of Q and K, RMSNorms of the attention and MLP
+// outputs before each residual add, a GELU (tanh approximation) gated MLP, NeoX RoPE pairing, interleaved
+// local (sliding-window) and global attention layers with their own RoPE bases, an optional final logit
+// soft-cap. Everything else is refused with a kvfuse::error naming it: other architectures, YaRN and other
 // RoPE scaling types, partial rotary embeddings (rope.dimension_count != head_dim), n_head not a multiple of
-// n_head_kv, mixture-of-experts, bias or other extra tensors.
+// n_head_kv, mixture-of-experts, bias or other extra tensors (EmbeddingGemma's dense_2 / dense_3 projections
+// among them), sliding-window patterns in a form llama.cpp does not define.
 
 #include <cmath>
 #include <cstddef>
@@ -18,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <Eigen/Core>
@@ -30,6 +36,13 @@
 #include "kvfuse/model/gguf.hpp"
 
 namespace kvfuse {
+
+// The decoder a LlamaConfig describes: llama.cpp's graph of that name. There is one forward pass; the
+// gemma3 steps (see the header comment) are switched on by it.
+enum class LlamaArchitecture : int {
+  llama = 0,   // LLM_ARCH_LLAMA
+  gemma3 = 1,  // LLM_ARCH_GEMMA3
+};
 
 struct LlamaConfig {
   std::int64_t n_layer = 0;    // decoder blocks L
@@ -45,15 +58,43 @@ struct LlamaConfig {
   double rope_linear_factor = 1.0;                      // rope.scaling.type "linear": positions / factor
   std::vector<float> rope_freq_factors;                 // head_dim / 2 divisors of θ_i, or empty
 
+  // The architecture and the settings only gemma3 has (llama keeps the neutral defaults; validate() checks).
+  LlamaArchitecture architecture = LlamaArchitecture::llama;
+  // Local layers attend within a sliding window (llama.cpp LLAMA_SWA_TYPE_STANDARD): a query at position p
+  // sees a key at position p_k iff p − sliding_window < p_k <= p. Global layers are plain causal.
+  std::int64_t sliding_window = 0;
+  std::vector<std::uint8_t> local_layers;  // n_layer flags (1: local), or empty: every layer global
+  double rope_base_local = 10000.0;        // RoPE base of local layers, unscaled (GGUF rope.freq_base_swa)
+  double embedding_scale = 1.0;            // h = token_embd[t] · embedding_scale (gemma3: sqrt(n_embd))
+  double attention_scale = 0.0;            // scale of q · k; 0: 1 / sqrt(head_dim)
+  double final_logit_softcap = 0.0;        // logits = cap · tanh(logits / cap); 0: none
+
   [[nodiscard]] std::int64_t q_dim() const noexcept { return n_head * head_dim; }
   [[nodiscard]] std::int64_t kv_dim() const noexcept { return n_head_kv * head_dim; }
   [[nodiscard]] std::int64_t group_size() const noexcept { return n_head / n_head_kv; }
 
-  // The RoPE frequency settings (core/rope.hpp): base, linear scaling, rope_freqs.weight divisors. They
-  // point into rope_freq_factors, so they live as long as *this.
-  [[nodiscard]] RopeFrequencyConfig rope_frequency_config() const noexcept {
+  [[nodiscard]] bool is_local(std::int64_t layer) const noexcept {
+    return !local_layers.empty() && local_layers[static_cast<std::size_t>(layer)] != 0;
+  }
+  // The sliding window of `layer`'s attention: sliding_window on a local layer, 0 (plain causal) on a global one.
+  [[nodiscard]] std::int64_t attention_window(std::int64_t layer) const noexcept {
+    return is_local(layer) ? sliding_window : 0;
+  }
+  // The factor of q · k in the attention scores.
+  [[nodiscard]] float attention_score_scale() const noexcept {
+    return static_cast<float>(attention_scale > 0 ? attention_scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  }
+
+  // The RoPE frequency settings of `layer` (core/rope.hpp): on a global layer rope_base, linear scaling and
+  // the rope_freqs.weight divisors (which point into rope_freq_factors, so they live as long as *this); on a
+  // local one rope_base_local alone (llama.cpp rotates local layers with rope_freq_scale_train_swa = 1).
+  [[nodiscard]] RopeFrequencyConfig rope_frequency_config(std::int64_t layer) const noexcept {
     RopeFrequencyConfig f;
     f.head_dim = head_dim;
+    if (is_local(layer)) {
+      f.base = rope_base_local;
+      return f;
+    }
     f.base = rope_base;
     f.scaling = rope_linear_factor == 1.0 ? RopeScaling::none : RopeScaling::linear;
     f.factor = rope_linear_factor;
@@ -61,17 +102,18 @@ struct LlamaConfig {
     return f;
   }
 
-  // θ_i of the head_dim / 2 pairs in double: rope_frequencies (core/rope.hpp), the table the kernels round
-  // to float. Throws kvfuse::error with its message on what it refuses (validate() refuses all of it first).
-  [[nodiscard]] std::vector<double> rope_theta() const {
+  // θ_i of the head_dim / 2 pairs of `layer` in double: rope_frequencies (core/rope.hpp), the table the
+  // kernels round to float. Throws kvfuse::error with its message on what it refuses (validate() refuses all
+  // of it first).
+  [[nodiscard]] std::vector<double> rope_theta(std::int64_t layer) const {
     std::vector<double> theta(static_cast<std::size_t>(head_dim / 2));
-    const Status s = rope_frequencies(rope_frequency_config(), theta.data());
+    const Status s = rope_frequencies(rope_frequency_config(layer), theta.data());
     detail::require(s == Status::success, "LlamaConfig: {}", last_status_message());
     return theta;
   }
 
-  // Reads the llama.* metadata of a GGUF file (and the tensor rope_freqs.weight when present); refuses what
-  // the backend does not implement (see the header comment).
+  // Reads the llama.* or gemma3.* metadata of a GGUF file (and, for llama, the tensor rope_freqs.weight when
+  // present); refuses what the backend does not implement (see the header comment).
   [[nodiscard]] static LlamaConfig from_gguf(const GGUFFile& file);
 
   void validate() const {
@@ -106,6 +148,46 @@ struct LlamaConfig {
       detail::require(std::isfinite(rope_freq_factors[i]) && rope_freq_factors[i] > 0,
                       "LlamaConfig: rope_freq_factors[{}] = {} must be finite and > 0", i, rope_freq_factors[i]);
     }
+    validate_architecture();
+  }
+
+ private:
+  void read_gemma3(const GGUFFile& file);
+
+  void validate_architecture() const {
+    if (architecture == LlamaArchitecture::llama) {
+      detail::require(sliding_window == 0 && local_layers.empty() && embedding_scale == 1.0 && attention_scale == 0.0 &&
+                          final_logit_softcap == 0.0,
+                      "LlamaConfig: architecture llama has no sliding window, local layers, embedding scale, attention "
+                      "scale or logit soft-cap (sliding_window = {}, {} local_layers, embedding_scale = {}, "
+                      "attention_scale = {}, final_logit_softcap = {})",
+                      sliding_window, local_layers.size(), embedding_scale, attention_scale, final_logit_softcap);
+      return;
+    }
+    detail::require(architecture == LlamaArchitecture::gemma3,
+                    "LlamaConfig: architecture = {} is neither llama nor gemma3", static_cast<int>(architecture));
+    detail::require(rope_freq_factors.empty(),
+                    "LlamaConfig: gemma3 has no rope_freq_factors (llama.cpp's gemma3 graph applies none); got {}",
+                    rope_freq_factors.size());
+    detail::require(local_layers.empty() || static_cast<std::int64_t>(local_layers.size()) == n_layer,
+                    "LlamaConfig: {} local_layers flags for n_layer = {}", local_layers.size(), n_layer);
+    bool any_local = false;
+    for (std::size_t l = 0; l < local_layers.size(); ++l) {
+      detail::require(local_layers[l] <= 1, "LlamaConfig: local_layers[{}] = {} is neither 0 nor 1", l,
+                      local_layers[l]);
+      any_local = any_local || local_layers[l] != 0;
+    }
+    detail::require(sliding_window >= 0 && (!any_local || sliding_window >= 1),
+                    "LlamaConfig: sliding_window = {} must be >= 0, and >= 1 when a layer is local", sliding_window);
+    detail::require(std::isfinite(rope_base_local) && rope_base_local > 0,
+                    "LlamaConfig: rope_base_local = {} must be finite and > 0", rope_base_local);
+    detail::require(std::isfinite(embedding_scale) && embedding_scale > 0,
+                    "LlamaConfig: embedding_scale = {} must be finite and > 0", embedding_scale);
+    detail::require(std::isfinite(attention_scale) && attention_scale >= 0,
+                    "LlamaConfig: attention_scale = {} must be finite and >= 0 (0: 1 / sqrt(head_dim))",
+                    attention_scale);
+    detail::require(std::isfinite(final_logit_softcap) && final_logit_softcap >= 0,
+                    "LlamaConfig: final_logit_softcap = {} must be finite and >= 0 (0: none)", final_logit_softcap);
   }
 };
 
@@ -122,6 +204,12 @@ struct LlamaLayerWeights {
   RowMatrix w_gate;           // [n_ff][n_embd]
   RowMatrix w_up;             // [n_ff][n_embd]
   RowMatrix w_down;           // [n_embd][n_ff]
+  // gemma3 only (empty for llama): the RMSNorm weights of each Q and each K head ([head_dim]), and of the
+  // attention and MLP outputs before they join the residual stream ([n_embd]).
+  Eigen::VectorXf attn_q_norm;
+  Eigen::VectorXf attn_k_norm;
+  Eigen::VectorXf attn_post_norm;
+  Eigen::VectorXf ffn_post_norm;
 };
 
 struct LlamaWeights {
@@ -161,18 +249,33 @@ struct LlamaWeights {
       matrix(w.w_gate, config.n_ff, e, at + "w_gate");
       matrix(w.w_up, config.n_ff, e, at + "w_up");
       matrix(w.w_down, e, config.n_ff, at + "w_down");
+      if (config.architecture == LlamaArchitecture::gemma3) {
+        vector(w.attn_q_norm, config.head_dim, at + "attn_q_norm");
+        vector(w.attn_k_norm, config.head_dim, at + "attn_k_norm");
+        vector(w.attn_post_norm, e, at + "attn_post_norm");
+        vector(w.ffn_post_norm, e, at + "ffn_post_norm");
+      } else {
+        detail::require(w.attn_q_norm.size() == 0 && w.attn_k_norm.size() == 0 && w.attn_post_norm.size() == 0 &&
+                            w.ffn_post_norm.size() == 0,
+                        "LlamaWeights: {}has gemma3 norms (attn_q_norm, attn_k_norm, attn_post_norm, ffn_post_norm), "
+                        "which architecture llama does not have",
+                        at);
+      }
     }
   }
 
   // The tensors of a GGUF Llama file dequantized to fp32: token_embd, output_norm, output (absent: tied to
   // token_embd), blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
-  // ffn_down}.weight. A 2-D ggml tensor has dims [ne0 = in, ne1 = out] with ne0 contiguous, which is
-  // exactly the row-major [out][in] matrix W of y = W x. Any other tensor (biases, experts, ...) is refused.
+  // ffn_down}.weight, for gemma3 also blk.N.{attn_q_norm, attn_k_norm, post_attention_norm,
+  // post_ffw_norm}.weight. The gemma3 norm weights are used as stored: llama.cpp's converter already added
+  // the 1 of Gemma's RMSNorm (x · (1 + w)) to them. A 2-D ggml tensor has dims [ne0 = in, ne1 = out] with ne0
+  // contiguous, which is exactly the row-major [out][in] matrix W of y = W x. Any other tensor (biases,
+  // experts, EmbeddingGemma's dense_2 / dense_3, ...) is refused.
   [[nodiscard]] static LlamaWeights from_gguf(const GGUFFile& file, const LlamaConfig& config);
 
   // Deterministic pseudo-random weights for tests: matrices uniform in ±1/sqrt(in), norms in 1 ± 0.25,
-  // embeddings uniform in ±1; tied output head. The generator (splitmix64) is fixed, so the same seed gives
-  // the same weights on every platform.
+  // embeddings uniform in ±1; tied output head; gemma3's extra norms drawn after each layer's llama tensors.
+  // The generator (splitmix64) is fixed, so the same seed gives the same weights on every platform.
   [[nodiscard]] static LlamaWeights random(const LlamaConfig& config, std::uint64_t seed) {
     config.validate();
     std::uint64_t state = seed;
@@ -209,6 +312,12 @@ struct LlamaWeights {
       layer.w_gate = matrix(config.n_ff, e, inv_sqrt(e));
       layer.w_up = matrix(config.n_ff, e, inv_sqrt(e));
       layer.w_down = matrix(e, config.n_ff, inv_sqrt(config.n_ff));
+      if (config.architecture == LlamaArchitecture::gemma3) {
+        layer.attn_q_norm = norm(config.head_dim);
+        layer.attn_k_norm = norm(config.head_dim);
+        layer.attn_post_norm = norm(e);
+        layer.ffn_post_norm = norm(e);
+      }
       w.layers.push_back(std::move(layer));
     }
     return w;
@@ -217,84 +326,154 @@ struct LlamaWeights {
 
 inline LlamaConfig LlamaConfig::from_gguf(const GGUFFile& file) {
   const std::string& arch = file.get_string("general.architecture");
-  detail::require(arch == "llama", "LlamaConfig: GGUF architecture '{}' is not supported (only 'llama')", arch);
-  const auto u32 = [&file](const char* key) { return static_cast<std::int64_t>(file.get_u32(key)); };
+  detail::require(arch == "llama" || arch == "gemma3",
+                  "LlamaConfig: GGUF architecture '{}' is not supported (only 'llama' and 'gemma3')", arch);
+  const auto key = [&arch](std::string_view name) { return fmt::format("{}.{}", arch, name); };
+  const auto u32 = [&file](const std::string& k) { return static_cast<std::int64_t>(file.get_u32(k)); };
   LlamaConfig c;
-  c.n_layer = u32("llama.block_count");
-  c.n_embd = u32("llama.embedding_length");
-  c.n_ff = u32("llama.feed_forward_length");
-  c.n_head = u32("llama.attention.head_count");
-  detail::require(c.n_head >= 1, "LlamaConfig: llama.attention.head_count = {} must be at least 1", c.n_head);
-  c.n_head_kv = file.contains("llama.attention.head_count_kv") ? u32("llama.attention.head_count_kv") : c.n_head;
-  if (file.contains("llama.attention.key_length")) {
-    c.head_dim = u32("llama.attention.key_length");
+  c.architecture = arch == "gemma3" ? LlamaArchitecture::gemma3 : LlamaArchitecture::llama;
+  c.n_layer = u32(key("block_count"));
+  c.n_embd = u32(key("embedding_length"));
+  c.n_ff = u32(key("feed_forward_length"));
+  c.n_head = u32(key("attention.head_count"));
+  detail::require(c.n_head >= 1, "LlamaConfig: {} = {} must be at least 1", key("attention.head_count"), c.n_head);
+  c.n_head_kv = file.contains(key("attention.head_count_kv")) ? u32(key("attention.head_count_kv")) : c.n_head;
+  if (file.contains(key("attention.key_length"))) {
+    c.head_dim = u32(key("attention.key_length"));
   } else {
     detail::require(c.n_embd % c.n_head == 0,
-                    "LlamaConfig: llama.embedding_length = {} is not a multiple of llama.attention.head_count = {} "
-                    "and llama.attention.key_length is absent",
-                    c.n_embd, c.n_head);
+                    "LlamaConfig: {} = {} is not a multiple of {} = {} and {} is absent", key("embedding_length"),
+                    c.n_embd, key("attention.head_count"), c.n_head, key("attention.key_length"));
     c.head_dim = c.n_embd / c.n_head;
   }
-  if (file.contains("llama.attention.value_length")) {
-    detail::require(u32("llama.attention.value_length") == c.head_dim,
-                    "LlamaConfig: llama.attention.value_length = {} differs from the key length {} (not supported)",
-                    u32("llama.attention.value_length"), c.head_dim);
+  if (file.contains(key("attention.value_length"))) {
+    detail::require(u32(key("attention.value_length")) == c.head_dim,
+                    "LlamaConfig: {} = {} differs from the key length {} (not supported)",
+                    key("attention.value_length"), u32(key("attention.value_length")), c.head_dim);
   }
-  const std::int64_t rot = file.contains("llama.rope.dimension_count") ? u32("llama.rope.dimension_count") : c.head_dim;
+  const std::int64_t rot = file.contains(key("rope.dimension_count")) ? u32(key("rope.dimension_count")) : c.head_dim;
   detail::require(rot == c.head_dim,
-                  "LlamaConfig: partial rotary embedding (llama.rope.dimension_count = {}, head_dim = {}) is not "
-                  "supported",
-                  rot, c.head_dim);
-  if (file.contains("llama.expert_count")) {
-    detail::require(u32("llama.expert_count") == 0,
-                    "LlamaConfig: mixture of experts (llama.expert_count = {}) is not supported",
-                    u32("llama.expert_count"));
+                  "LlamaConfig: partial rotary embedding ({} = {}, head_dim = {}) is not supported",
+                  key("rope.dimension_count"), rot, c.head_dim);
+  if (file.contains(key("expert_count"))) {
+    detail::require(u32(key("expert_count")) == 0, "LlamaConfig: mixture of experts ({} = {}) is not supported",
+                    key("expert_count"), u32(key("expert_count")));
   }
-  c.rope_base = file.get_f32("llama.rope.freq_base", 10000.0f);
-  c.rms_eps = file.get_f32("llama.attention.layer_norm_rms_epsilon");
-  if (file.contains("llama.vocab_size")) {
-    c.n_vocab = u32("llama.vocab_size");
+  c.rope_base = file.get_f32(key("rope.freq_base"), 10000.0f);
+  c.rms_eps = file.get_f32(key("attention.layer_norm_rms_epsilon"));
+  if (file.contains(key("vocab_size"))) {
+    c.n_vocab = u32(key("vocab_size"));
   } else {
     const GGUFTensorInfo& embd = file.tensor("token_embd.weight");
     detail::require(embd.dims.size() == 2, "LlamaConfig: token_embd.weight has {} dims, expected 2", embd.dims.size());
     c.n_vocab = embd.dims[1];
   }
   const std::string scaling =
-      file.contains("llama.rope.scaling.type") ? file.get_string("llama.rope.scaling.type") : std::string("none");
+      file.contains(key("rope.scaling.type")) ? file.get_string(key("rope.scaling.type")) : std::string("none");
   if (scaling == "linear") {
-    c.rope_linear_factor = file.get_f32("llama.rope.scaling.factor");
+    c.rope_linear_factor = file.get_f32(key("rope.scaling.factor"));
   } else {
     detail::require(scaling == "none",
                     "LlamaConfig: RoPE scaling type '{}' is not supported (only 'none', 'linear' and rope_freqs "
                     "factors)",
                     scaling);
-    // Older files give linear scaling as llama.rope.scale_linear.
-    c.rope_linear_factor = file.get_f32("llama.rope.scale_linear", 1.0f);
+    // Older files give linear scaling as {arch}.rope.scale_linear.
+    c.rope_linear_factor = file.get_f32(key("rope.scale_linear"), 1.0f);
   }
-  if (const GGUFTensorInfo* freqs = file.find_tensor("rope_freqs.weight")) {
-    detail::require(freqs->n_elements() == c.head_dim / 2,
-                    "LlamaConfig: rope_freqs.weight holds {} factors, expected head_dim / 2 = {}", freqs->n_elements(),
-                    c.head_dim / 2);
-    c.rope_freq_factors = file.dequantize(*freqs);
+  if (c.architecture == LlamaArchitecture::llama) {
+    if (const GGUFTensorInfo* freqs = file.find_tensor("rope_freqs.weight")) {
+      detail::require(freqs->n_elements() == c.head_dim / 2,
+                      "LlamaConfig: rope_freqs.weight holds {} factors, expected head_dim / 2 = {}",
+                      freqs->n_elements(), c.head_dim / 2);
+      c.rope_freq_factors = file.dequantize(*freqs);
+    }
+    c.rope_pairing = RopePairing::interleaved;  // llama.cpp LLAMA_ROPE_TYPE_NORM for LLM_ARCH_LLAMA
+  } else {
+    c.read_gemma3(file);
   }
-  c.rope_pairing = RopePairing::interleaved;  // llama.cpp LLAMA_ROPE_TYPE_NORM for LLM_ARCH_LLAMA
   c.validate();
   return c;
 }
 
+// llama.cpp llama_model_gemma3::load_arch_hparams and its graph, in the terms of LlamaConfig.
+inline void LlamaConfig::read_gemma3(const GGUFFile& file) {
+  const auto key = [](std::string_view name) { return fmt::format("gemma3.{}", name); };
+  rope_pairing = RopePairing::half_split;  // llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX for LLM_ARCH_GEMMA3
+  // llama.cpp rounds these to float: the input scale sqrtf(n_embd) and f_attention_scale, which is
+  // 1 / sqrt(n_embd / n_head) (integer division) for the 62-layer 27B and 1 / sqrt(head_dim) otherwise
+  // (gemma_pytorch's query_pre_attn_scalar).
+  embedding_scale = std::sqrt(static_cast<float>(n_embd));
+  attention_scale = 1.0f / std::sqrt(static_cast<float>(n_layer == 62 ? n_embd / n_head : head_dim));
+  final_logit_softcap = file.get_f32(key("final_logit_softcapping"), 0.0f);
+  // Head sizes and rotary dimensions of the local layers, where given, must be the global ones.
+  const std::pair<const char*, std::int64_t> same[] = {{"attention.key_length_swa", head_dim},
+                                                       {"attention.value_length_swa", head_dim},
+                                                       {"rope.dimension_count_swa", head_dim}};
+  for (const auto& [name, expected] : same) {
+    if (!file.contains(key(name))) continue;
+    const std::int64_t value = file.get_u32(key(name));
+    detail::require(value == expected, "LlamaConfig: {} = {} differs from the global layers' {} (not supported)",
+                    key(name), value, expected);
+  }
+  // No window (absent or 0): every layer global (llama.cpp LLAMA_SWA_TYPE_NONE), rope.freq_base_swa unused.
+  sliding_window = file.get_u32(key("attention.sliding_window"), 0);
+  if (sliding_window == 0) return;
+  rope_base_local = file.get_f32(key("rope.freq_base_swa"), 10000.0f);  // llama.cpp rope_freq_base_train_swa
+  // llama.cpp load_swa_pattern: a per-layer array (bool, uint32 or int32; nonzero = local), else the period
+  // n of set_swa_pattern (default 6): layer l is local iff n == 0 or l % n < n − 1.
+  const std::string pattern_key = key("attention.sliding_window_pattern");
+  local_layers.assign(static_cast<std::size_t>(n_layer), 0);
+  const GGUFValue* pattern = file.find(pattern_key);
+  if (const auto* array = pattern != nullptr ? std::get_if<GGUFArray>(pattern) : nullptr) {
+    detail::require(static_cast<std::int64_t>(array->size()) == n_layer,
+                    "LlamaConfig: {} holds {} entries for {} layers", pattern_key, array->size(), n_layer);
+    const auto flags = [this](const auto& values) {
+      for (std::size_t l = 0; l < values.size(); ++l) local_layers[l] = values[l] ? 1 : 0;
+    };
+    if (const auto* b = std::get_if<std::vector<bool>>(&array->values)) {
+      flags(*b);
+    } else if (const auto* u = std::get_if<std::vector<std::uint32_t>>(&array->values)) {
+      flags(*u);
+    } else if (const auto* i = std::get_if<std::vector<std::int32_t>>(&array->values)) {
+      flags(*i);
+    } else {
+      throw error(fmt::format("LlamaConfig: {} is an {}; llama.cpp reads a per-layer array of bool, uint32 or int32, "
+                              "or one integer period",
+                              pattern_key, gguf_type_name(*pattern)));
+    }
+    return;
+  }
+  const std::int64_t period = pattern != nullptr ? file.get_u32(pattern_key) : 6;
+  for (std::int64_t l = 0; l < n_layer; ++l)
+    local_layers[static_cast<std::size_t>(l)] = period == 0 || l % period < period - 1 ? 1 : 0;
+}
+
 inline LlamaWeights LlamaWeights::from_gguf(const GGUFFile& file, const LlamaConfig& config) {
   config.validate();
-  std::set<std::string, std::less<>> expected{"token_embd.weight", "output_norm.weight", "output.weight",
-                                              "rope_freqs.weight"};
+  const bool gemma3 = config.architecture == LlamaArchitecture::gemma3;
+  std::set<std::string, std::less<>> expected{"token_embd.weight", "output_norm.weight", "output.weight"};
+  if (!gemma3) expected.insert("rope_freqs.weight");
   static constexpr const char* per_layer[] = {"attn_norm", "attn_q",   "attn_k", "attn_v",  "attn_output",
                                               "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
-  for (std::int64_t l = 0; l < config.n_layer; ++l)
+  static constexpr const char* per_layer_gemma3[] = {"attn_q_norm", "attn_k_norm", "post_attention_norm",
+                                                     "post_ffw_norm"};
+  for (std::int64_t l = 0; l < config.n_layer; ++l) {
     for (const char* name : per_layer) expected.insert(fmt::format("blk.{}.{}.weight", l, name));
+    if (gemma3)
+      for (const char* name : per_layer_gemma3) expected.insert(fmt::format("blk.{}.{}.weight", l, name));
+  }
   for (const GGUFTensorInfo& t : file.tensors()) {
-    detail::require(expected.contains(t.name),
-                    "LlamaWeights: GGUF tensor '{}' is not part of the supported Llama architecture ({} layers, no "
-                    "biases or experts)",
-                    t.name, config.n_layer);
+    if (gemma3) {
+      detail::require(expected.contains(t.name),
+                      "LlamaWeights: GGUF tensor '{}' is not part of the supported gemma3 architecture ({} layers, no "
+                      "biases, rope_freqs or EmbeddingGemma dense_2 / dense_3 projections)",
+                      t.name, config.n_layer);
+    } else {
+      detail::require(expected.contains(t.name),
+                      "LlamaWeights: GGUF tensor '{}' is not part of the supported Llama architecture ({} layers, no "
+                      "biases or experts)",
+                      t.name, config.n_layer);
+    }
   }
 
   const auto matrix = [&file](const std::string& name, std::int64_t rows, std::int64_t cols) {
@@ -333,6 +512,12 @@ inline LlamaWeights LlamaWeights::from_gguf(const GGUFFile& file, const LlamaCon
     layer.w_gate = matrix(name("ffn_gate"), config.n_ff, e);
     layer.w_up = matrix(name("ffn_up"), config.n_ff, e);
     layer.w_down = matrix(name("ffn_down"), e, config.n_ff);
+    if (gemma3) {
+      layer.attn_q_norm = vector(name("attn_q_norm"), config.head_dim);
+      layer.attn_k_norm = vector(name("attn_k_norm"), config.head_dim);
+      layer.attn_post_norm = vector(name("post_attention_norm"), e);
+      layer.ffn_post_norm = vector(name("post_ffw_norm"), e);
+    }
     w.layers.push_back(std::move(layer));
   }
   w.validate(config);

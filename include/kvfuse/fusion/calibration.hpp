@@ -1,0 +1,119 @@
+#pragma once
+// A per-model correctness gate for KV reuse. A reuse method that is faithful on one model can garble another
+// (an architecture it was not designed for, a model trained without long contexts). Before serving a model
+// with a method, calibrate() measures the method's settings against full prefill on a few sample prompts,
+// cheapest first, and returns the first one whose teacher-forced fidelity stays within a budget — or refuses
+// the method for that model, with every figure it measured.
+//
+// The measurement is the engine's (`evaluate`): for one setting, the mean over the sample prompts of the
+// fraction of token-layers recomputed and of the teacher-forced figures — full prefill's greedy answer fed
+// after the method's KV, KL(full ‖ method) averaged over the answer tokens and the share of them whose top-1
+// token agrees (kvfuse/eval/metrics.hpp computes both; eval/calibrate.hpp runs it on the reference backend
+// and caches the result per model fingerprint).
+//
+// Families and their settings, cheapest first: cacheblend (r), attnlink (k), cachecraft (α of eq. 12),
+// queryaware (r); each family's default setting goes by its plain name ("cacheblend" is r = 0.15). The cost
+// of a setting is what it recomputes, which grows with each of these knobs.
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
+
+namespace kvfuse {
+
+struct CalibrationBudget {
+  double max_kl_answer = 0.05;       // mean teacher-forced KL(full ‖ method) over the answer tokens, nats
+  double min_top1_agreement = 0.95;  // share of answer tokens whose top-1 token equals full prefill's
+
+  void validate() const {
+    detail::require(std::isfinite(max_kl_answer) && max_kl_answer >= 0.0,
+                    "CalibrationBudget: max_kl_answer = {} must be finite and >= 0", max_kl_answer);
+    detail::require(min_top1_agreement >= 0.0 && min_top1_agreement <= 1.0,
+                    "CalibrationBudget: min_top1_agreement = {} must be in [0, 1]", min_top1_agreement);
+  }
+  [[nodiscard]] bool admits(double kl_answer, double top1) const noexcept {
+    return kl_answer <= max_kl_answer && top1 >= min_top1_agreement;
+  }
+};
+
+// What `evaluate` measured for one setting, means over the sample prompts.
+struct CalibrationMeasure {
+  double recompute_fraction = 0.0;
+  double kl_answer_mean = 0.0;
+  double top1_agreement = 0.0;
+};
+
+struct CalibrationPoint {
+  std::string method;  // method_name of the setting
+  CalibrationMeasure measure;
+  bool within_budget = false;
+};
+
+struct Calibration {
+  std::uint64_t model_fingerprint = 0;
+  std::string family;
+  CalibrationBudget budget;
+  std::vector<CalibrationPoint> points;  // the settings measured, cheapest first; the last is the chosen one
+  std::optional<std::string> chosen;     // method_name of the cheapest setting within budget; nullopt: refused
+
+  // The chosen setting; throws kvfuse::error naming the family, the budget and what was measured when refused.
+  [[nodiscard]] FusionMethod method() const {
+    if (chosen) return parse_method(*chosen);
+    std::string seen;
+    for (const CalibrationPoint& p : points)
+      seen += fmt::format("{}{}: KL {:.4f}, top-1 {:.3f}, recomputed {:.3f}", seen.empty() ? "" : "; ", p.method,
+                          p.measure.kl_answer_mean, p.measure.top1_agreement, p.measure.recompute_fraction);
+    throw error(fmt::format(
+        "calibration refuses {} for model {:016x}: no setting keeps teacher-forced KL <= {} with top-1 agreement "
+        ">= {} (measured {})",
+        family, model_fingerprint, budget.max_kl_answer, budget.min_top1_agreement, seen));
+  }
+};
+
+// The settings calibrate() tries for a family, cheapest first.
+[[nodiscard]] inline std::vector<std::string> calibration_settings(std::string_view family) {
+  if (family == "cacheblend") return {"cacheblend@0.05", "cacheblend@0.1", "cacheblend", "cacheblend@0.2",
+                                      "cacheblend@0.3", "cacheblend@0.5"};
+  if (family == "queryaware") return {"queryaware@0.05", "queryaware@0.1", "queryaware", "queryaware@0.2",
+                                      "queryaware@0.3", "queryaware@0.5"};
+  if (family == "attnlink") return {"attnlink@1", "attnlink@4", "attnlink", "attnlink@32", "attnlink@64"};
+  if (family == "cachecraft") return {"cachecraft@0.25", "cachecraft@0.5", "cachecraft", "cachecraft@2", "cachecraft@4"};
+  throw error(fmt::format("calibration: unknown method family '{}' (cacheblend, queryaware, attnlink, cachecraft; "
+                          "full, prefix and naive have no setting to calibrate)",
+                          family));
+}
+
+// Measures `family`'s settings cheapest first with evaluate(const FusionMethod&) -> CalibrationMeasure and stops
+// at the first within `budget` (the cheapest admitted: cost grows along the list).
+template <class Evaluate>
+[[nodiscard]] Calibration calibrate(std::uint64_t model_fingerprint, std::string_view family,
+                                    const CalibrationBudget& budget, Evaluate&& evaluate) {
+  budget.validate();
+  Calibration c;
+  c.model_fingerprint = model_fingerprint;
+  c.family = std::string(family);
+  c.budget = budget;
+  for (const std::string& name : calibration_settings(family)) {
+    const CalibrationMeasure m = evaluate(parse_method(name));
+    detail::require(std::isfinite(m.kl_answer_mean) && m.kl_answer_mean >= 0.0 && m.top1_agreement >= 0.0 &&
+                        m.top1_agreement <= 1.0 && m.recompute_fraction >= 0.0 && m.recompute_fraction <= 1.0,
+                    "calibrate: {} measured KL {}, top-1 {}, recomputed {} (need KL >= 0, the others in [0, 1])",
+                    name, m.kl_answer_mean, m.top1_agreement, m.recompute_fraction);
+    c.points.push_back({name, m, budget.admits(m.kl_answer_mean, m.top1_agreement)});
+    if (c.points.back().within_budget) {
+      c.chosen = name;
+      break;
+    }
+  }
+  return c;
+}
+
+}  // namespace kvfuse
