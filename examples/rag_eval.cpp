@@ -4,7 +4,8 @@
 // are fed after each method's KV: mean KL(full ‖ method) over them, their top-1 agreement, and the share of naive
 // reuse's KL gap closed, gap_closed = 1 − KL / KL_naive; exact match and ROUGE-L of the greedy answer against
 // the full-prefill answer) and token F1 against the gold answers. Writes results.json and results.md to --out
-// after each question (an interrupted run keeps what it measured), and fidelity_ttft.png (gnuplot) at the end.
+// and fidelity_ttft.png (gnuplot: fidelity against TTFT ratio, teacher-forced when naive reuse is among the
+// methods) after each question, so that an interrupted run keeps what it measured.
 //
 //   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
@@ -241,6 +242,10 @@ std::string markdown_table(const nlohmann::json& results, const std::vector<std:
 // Fidelity vs TTFT: ROUGE-L (left) and KL (right, log scale; values below 1e-4 drawn at 1e-4) against the TTFT
 // ratio, one labelled point per method and setting, one colour per method family.
 void write_plot(const fs::path& out, const nlohmann::json& results, const std::vector<std::string>& methods) {
+  // Teacher-forced figures (share of naive reuse's gap closed, KL over the answer) when the run has them (naive
+  // among the methods), else ROUGE-L and the first token's KL.
+  const bool forced = std::all_of(methods.begin(), methods.end(),
+                                  [&](const std::string& m) { return results["methods"][m].contains("gap_closed"); });
   const fs::path dat = out / "fidelity_ttft.dat";
   {
     std::ofstream d(dat);
@@ -251,8 +256,8 @@ void write_plot(const fs::path& out, const nlohmann::json& results, const std::v
       const auto colour = std::find(families.begin(), families.end(), m.substr(0, m.find_first_of("@-"))) -
                           families.begin() + 1;
       d << fmt::format("\"{}\" {} {} {} {}\n", m, r["ttft_ratio_vs_full"].get<double>(),
-                       r["rouge_l_vs_full"].get<double>(), std::max(1e-4, r["kl_first_token"].get<double>()),
-                       colour);
+                       r[forced ? "gap_closed" : "rouge_l_vs_full"].get<double>(),
+                       std::max(1e-4, r[forced ? "kl_answer_mean" : "kl_first_token"].get<double>()), colour);
     }
   }
   const fs::path gp = out / "fidelity_ttft.gp";
@@ -263,10 +268,12 @@ void write_plot(const fs::path& out, const nlohmann::json& results, const std::v
       << "set multiplot layout 1,2 title '" << results["model"].get<std::string>() << ", "
       << results["questions"].get<int>() << " MuSiQue questions (means)'\n"
       << "set logscale x\nset xlabel 'TTFT / full prefill TTFT (log)'\nset grid\nunset key\n"
-      << "set ylabel 'ROUGE-L of the answer vs full prefill'\nset yrange [0:1.05]\n"
+      << (forced ? "set ylabel 'share of naive reuse''s teacher-forced KL gap closed'\nset yrange [-0.5:1.05]\n"
+                 : "set ylabel 'ROUGE-L of the answer vs full prefill'\nset yrange [0:1.05]\n")
       << "plot '" << dat.string() << "' using 2:3:5 with points pt 7 ps 1.4 lc variable, "
       << "'' using 2:3:1 with labels offset 0,1 font ',8'\n"
-      << "set logscale y\nset ylabel 'KL(full || method), first answer token (log; < 1e-4 drawn at 1e-4)'\n"
+      << "set logscale y\nset ylabel 'KL(full || method), "
+      << (forced ? "mean over the teacher-forced answer" : "first answer token") << " (log; < 1e-4 drawn at 1e-4)'\n"
       << "set yrange [5e-5:1]\n"
       << "plot '" << dat.string() << "' using 2:4:5 with points pt 7 ps 1.4 lc variable, "
       << "'' using 2:4:1 with labels offset 0,1 font ',8'\n"
@@ -447,6 +454,7 @@ int main(int argc, char** argv) try {
                         results["mean_prompt_tokens"].get<double>())
          << table;
     }
+    if (o.plot) write_plot(o.out, results, o.methods);
   };
 
   const auto evaluate = [&](auto& pipeline) {
@@ -561,7 +569,6 @@ int main(int argc, char** argv) try {
   }
 
   fmt::print("{}", table);
-  if (o.plot) write_plot(o.out, results, o.methods);
   fmt::print("wrote {}/results.json, results.md{}\n", o.out, o.plot ? ", fidelity_ttft.png" : "");
   return 0;
 } catch (const std::exception& e) {
