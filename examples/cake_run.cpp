@@ -94,7 +94,9 @@ Options parse(int argc, char** argv) {
   (void)kvfuse::parse_method(o.method);  // refuse a bad name before any work
   o.link.validate();
   o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
-  kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
+  kvfuse::detail::require(fs::exists(o.model),
+                          "--model: '{}' does not exist (smollm2, gemma3 or a GGUF path; fetch the two with "
+                          "scripts/fetch_model.sh all)",
                           o.model);
   return o;
 }

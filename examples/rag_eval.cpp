@@ -158,7 +158,9 @@ Options parse(int argc, char** argv) {
   kvfuse::detail::require(std::isfinite(o.link_latency_ms) && o.link_latency_ms >= 0,
                           "--link-latency-ms: {} must be >= 0", o.link_latency_ms);
   o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
-  kvfuse::detail::require(fs::exists(o.model), "--model: '{}' does not exist (fetch it with scripts/fetch_model.sh)",
+  kvfuse::detail::require(fs::exists(o.model),
+                          "--model: '{}' does not exist (smollm2, gemma3 or a GGUF path; fetch the two with "
+                          "scripts/fetch_model.sh all)",
                           o.model);
   o.methods = split(methods);
   // Full prefill is the reference every other number is measured against: always run, first.
