@@ -700,6 +700,36 @@ TEST_CASE("the CPU backend refuses bad inputs with a message naming them") {
         }).find("3 logits for a vocabulary of 64") != std::string::npos);
 }
 
+TEST_CASE("a prompt beyond the model's trained context is refused with its length and the limit, unless allowed") {
+  LlamaConfig c = tiny_config();
+  c.context_length = 12;
+  const CpuLlama model(c, LlamaWeights::random(c, 7), kvfuse::CpuLlamaOptions{2, 4});
+  const std::vector<token_id> fits = prompt_tokens(12);
+  CHECK(model.full_prefill(fits).logits.size() == 64);  // positions 0 .. 11: within the context
+  const std::vector<token_id> longer = prompt_tokens(13);
+  const std::string why = error_of([&] { (void)model.full_prefill(longer); });
+  CHECK(why.find("reaches position 12 (13 tokens), beyond the model's trained context of 12 tokens") !=
+        std::string::npos);
+  CHECK(why.find("allow_beyond_context") != std::string::npos);
+  // Every way of reaching such a position is refused: extending a full context, a chunk placed past it.
+  kvfuse::LlamaPrefill full = model.full_prefill(fits);
+  const std::vector<token_id> more{5};
+  CHECK(error_of([&] { (void)model.extend(full.kv, more); }).find("trained context of 12 tokens") !=
+        std::string::npos);
+  CHECK(full.kv.num_rows() == 12);  // refused before the cache grew
+  CHECK(error_of([&] { (void)model.prefill_chunk(fits, 1); }).find("reaches position 12") != std::string::npos);
+  // Opted in, the same prompt runs and equals the model without a limit.
+  kvfuse::CpuLlamaOptions allow{2, 4};
+  allow.allow_beyond_context = true;
+  const CpuLlama allowed(c, LlamaWeights::random(c, 7), allow);
+  LlamaConfig unlimited_config = c;
+  unlimited_config.context_length = 0;
+  const CpuLlama unlimited(unlimited_config, LlamaWeights::random(c, 7), kvfuse::CpuLlamaOptions{2, 4});
+  CHECK(allowed.full_prefill(longer).logits == unlimited.full_prefill(longer).logits);
+  c.context_length = -1;
+  CHECK(error_of([&] { c.validate(); }).find("context_length = -1 must be >= 0") != std::string::npos);
+}
+
 TEST_CASE("LlamaConfig and LlamaWeights refuse what is not implemented or inconsistent") {
   const auto config_error = [](auto edit) {
     LlamaConfig c = tiny_config();
@@ -833,6 +863,7 @@ TEST_CASE("real model: SmolLM2-135M-Instruct answers a ChatML question (Release 
     kvfuse_test::skip(path.string() + " is not SmolLM2-135M");
     return;
   }
+  CHECK(c.context_length == 8192);  // llama.context_length
   // "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n", token ids from
   // the Hugging Face `tokenizers` BPE built from the file's vocabulary and merges.
   const std::vector<token_id> prompt{1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198};

@@ -704,6 +704,7 @@ TEST_CASE("real model: gemma3 270M loads, reads its local / global layers, and c
   CHECK(c.n_ff == 2048);
   CHECK(c.n_vocab == 262144);
   CHECK(c.sliding_window == 512);
+  CHECK(c.context_length == 32768);  // gemma3.context_length
   std::vector<std::uint8_t> local(18);
   for (std::size_t l = 0; l < 18; ++l) local[l] = l % 6 < 5 ? 1 : 0;  // layers 5, 11, 17 global
   CHECK(c.local_layers == local);

@@ -91,6 +91,8 @@ struct LlamaPrefill {
 struct CpuLlamaOptions {
   int threads = 0;                // threads of the worker pool, the caller included; 0: hardware_concurrency
   std::int64_t query_block = 64;  // queries per attention task
+  // Compute rows at positions >= LlamaConfig::context_length (the trained context) instead of refusing them.
+  bool allow_beyond_context = false;
 
   void validate() const {
     detail::require(threads >= 0, "CpuLlamaOptions: threads = {} must be >= 0 (0: one per hardware thread)", threads);
@@ -296,9 +298,21 @@ class CpuLlama {
   [[nodiscard]] LlamaKVCache prefill_kv(std::span<const token_id> tokens, std::int64_t first_position,
                                         const char* what) const {
     check_tokens(tokens, what);
+    check_context(first_position + static_cast<std::int64_t>(tokens.size()) - 1);  // before the caller's kv grows
     LlamaKVCache kv(config_.n_layer, config_.kv_dim(), static_cast<std::int64_t>(tokens.size()));
     for (std::size_t r = 0; r < tokens.size(); ++r) kv.positions[r] = first_position + static_cast<std::int64_t>(r);
     return kv;
+  }
+
+  // Refuses to compute a row at position `last` (and so a prompt of last + 1 tokens) at or beyond the trained
+  // context, unless the options allow it.
+  void check_context(std::int64_t last) const {
+    if (config_.context_length == 0 || options_.allow_beyond_context) return;
+    detail::require(last < config_.context_length,
+                    "CpuLlama: the prompt reaches position {} ({} tokens), beyond the model's trained context of {} "
+                    "tokens (LlamaConfig::context_length); refused, as its output would not be trustworthy "
+                    "(CpuLlamaOptions::allow_beyond_context runs it anyway)",
+                    last, last + 1, config_.context_length);
   }
 
   void check_tokens(std::span<const token_id> tokens, const char* what) const {
@@ -536,6 +550,9 @@ class CpuLlama {
                          const SelectionPolicy* policy, const PromptLayout* groups, bool want_logits,
                          std::vector<std::int64_t>* sizes, const LayerHook* before_layer = nullptr,
                          TokenRange query_rows = {}) const {
+    std::int64_t last_position = -1;
+    for (const std::int64_t r : sel) last_position = std::max(last_position, kv.positions[static_cast<std::size_t>(r)]);
+    check_context(last_position);
     const std::int64_t e = config_.n_embd;
     const std::int64_t hd = config_.head_dim;
     const std::int64_t pairs = hd / 2;

@@ -57,6 +57,9 @@ struct LlamaConfig {
   RopePairing rope_pairing = RopePairing::interleaved;  // GGUF Llama: interleaved (see core/rope.hpp)
   double rope_linear_factor = 1.0;                      // rope.scaling.type "linear": positions / factor
   std::vector<float> rope_freq_factors;                 // head_dim / 2 divisors of θ_i, or empty
+  // The context the model was trained for (GGUF {arch}.context_length: SmolLM2 8192, Gemma 3 270M 32768); 0:
+  // unknown. CpuLlama refuses to compute a row at a position >= it unless CpuLlamaOptions::allow_beyond_context.
+  std::int64_t context_length = 0;
 
   // The architecture and the settings only gemma3 has (llama keeps the neutral defaults; validate() checks).
   LlamaArchitecture architecture = LlamaArchitecture::llama;
@@ -127,6 +130,8 @@ struct LlamaConfig {
     positive(head_dim, "head_dim");
     positive(n_ff, "n_ff");
     positive(n_vocab, "n_vocab");
+    detail::require(context_length >= 0, "LlamaConfig: context_length = {} must be >= 0 (0: unknown)",
+                    context_length);
     detail::require(n_head % n_head_kv == 0,
                     "LlamaConfig: n_head = {} is not a multiple of n_head_kv = {} (grouped-query attention needs "
                     "whole groups)",
@@ -335,6 +340,7 @@ inline LlamaConfig LlamaConfig::from_gguf(const GGUFFile& file) {
   c.n_layer = u32(key("block_count"));
   c.n_embd = u32(key("embedding_length"));
   c.n_ff = u32(key("feed_forward_length"));
+  c.context_length = file.get_u32(key("context_length"), 0);
   c.n_head = u32(key("attention.head_count"));
   detail::require(c.n_head >= 1, "LlamaConfig: {} = {} must be at least 1", key("attention.head_count"), c.n_head);
   c.n_head_kv = file.contains(key("attention.head_count_kv")) ? u32(key("attention.head_count_kv")) : c.n_head;
