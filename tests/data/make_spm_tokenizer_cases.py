@@ -36,6 +36,8 @@ import sys
 
 import llama_cpp
 
+from case_format import cached_model_path, escape, ids_field
+
 RAG_SYSTEM = "You answer questions using only the documents given. Answer in a few words."
 
 TEXTS = [
@@ -96,39 +98,6 @@ TEXTS = [
 ]
 
 
-def escape(text):
-    """`text`: str (written as UTF-8) or bytes (a detokenization that need not be UTF-8)."""
-    out = []
-    for b in text if isinstance(text, bytes) else text.encode("utf-8"):
-        c = chr(b)
-        if c == "\\":
-            out.append("\\\\")
-        elif c == "\t":
-            out.append("\\t")
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\r":
-            out.append("\\r")
-        elif 0x20 <= b < 0x7F:
-            out.append(c)
-        else:
-            out.append("\\x%02x" % b)
-    return "".join(out)
-
-
-def ids_field(ids):
-    return " ".join(str(i) for i in ids)
-
-
-def default_model_path():
-    """tests/support/model_path.hpp's rule: $KVFUSE_GEMMA3_MODEL, else <cache>/gemma-3-270m-q4_k_m.gguf."""
-    if os.environ.get("KVFUSE_GEMMA3_MODEL"):
-        return os.environ["KVFUSE_GEMMA3_MODEL"]
-    cache = os.environ.get("KVFUSE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvfuse")
-    return os.path.join(cache, "gemma-3-270m-q4_k_m.gguf")
-
-
 class Reference:
     def __init__(self, path):
         self.llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
@@ -160,8 +129,9 @@ def rag_prompt(system, passages, question):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=default_model_path())
-    ap.add_argument("--musique", default="/work/shared/data/musique_dev.json")
+    ap.add_argument("--model", default=cached_model_path("KVFUSE_GEMMA3_MODEL", "gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--musique", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                     "shared", "data", "musique_dev.json"))
     ap.add_argument("--musique-texts", type=int, default=20, help="MuSiQue passages and questions to encode")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "spm_tokenizer_cases.txt"))

@@ -41,6 +41,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
+from case_format import cached_model_path, escape, ids_field
+
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -115,38 +117,6 @@ CHATS = [
 ]
 
 
-def escape(text):
-    out = []
-    for b in text.encode("utf-8"):
-        c = chr(b)
-        if c == "\\":
-            out.append("\\\\")
-        elif c == "\t":
-            out.append("\\t")
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\r":
-            out.append("\\r")
-        elif 0x20 <= b < 0x7F:
-            out.append(c)
-        else:
-            out.append("\\x%02x" % b)
-    return "".join(out)
-
-
-def ids_field(ids):
-    return " ".join(str(i) for i in ids)
-
-
-def default_model_path():
-    """scripts/fetch_model.sh's rule: $KVFUSE_MODEL, else ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/kvfuse}/..."""
-    if os.environ.get("KVFUSE_MODEL"):
-        return os.environ["KVFUSE_MODEL"]
-    cache = os.environ.get("KVFUSE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvfuse")
-    return os.path.join(cache, "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
 def read_tokenizer_dict(path):
     reader = gguf.GGUFReader(path)
 
@@ -202,8 +172,9 @@ def rag_user_message(passages, question):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=default_model_path())
-    ap.add_argument("--musique", default="/work/shared/data/musique_dev.json")
+    ap.add_argument("--model", default=cached_model_path("KVFUSE_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--musique", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                     "shared", "data", "musique_dev.json"))
     ap.add_argument("--rag-questions", type=int, default=1,
                     help="MuSiQue questions to write rag records for (all 10 passages each beyond the first)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_cases.txt"))
