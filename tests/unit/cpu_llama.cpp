@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include "../support/error_of.hpp"
+#include "../support/llama_kv.hpp"
 #include "../support/gguf_writer.hpp"
 #include "../support/model_path.hpp"
 #include "../support/test_util.hpp"
@@ -73,16 +74,6 @@ std::vector<token_id> prompt_tokens(std::size_t n, std::uint32_t seed = 1) {
 }
 
 // max |a - b| and max |b| over two float ranges of equal size.
-// K and V of every layer, concatenated.
-std::vector<float> flat_kv(const LlamaKVCache& kv) {
-  std::vector<float> out;
-  for (std::size_t l = 0; l < kv.k.size(); ++l) {
-    out.insert(out.end(), kv.k[l].begin(), kv.k[l].end());
-    out.insert(out.end(), kv.v[l].begin(), kv.v[l].end());
-  }
-  return out;
-}
-
 // ------------------------------------------------------------------ independent reference (double precision)
 // A direct transcription of the Llama forward pass, one token and one head at a time, RoPE from its
 // definition. `modulo_heads` maps query head h to KV head h % n_head_kv (a wrong GQA mapping, to show the
@@ -211,12 +202,6 @@ struct Recorder {
   }
 };
 
-TokenSet all_rows(std::int64_t n) {
-  TokenSet s(static_cast<std::size_t>(n));
-  std::iota(s.begin(), s.end(), std::int64_t{0});
-  return s;
-}
-
 // The tiny model as a GGUF file; `edit` may change the writer before the tensors are added.
 template <class Edit>
 std::vector<std::byte> tiny_gguf(const LlamaConfig& c, const LlamaWeights& w, Edit edit, bool untied = false) {
@@ -250,7 +235,9 @@ std::vector<std::byte> tiny_gguf(const LlamaConfig& c, const LlamaWeights& w, Ed
   return g.bytes();
 }
 
+using kvfuse_test::all_rows;
 using kvfuse_test::error_of;
+using kvfuse_test::flat_kv;
 
 }  // namespace
 
@@ -388,19 +375,8 @@ TEST_CASE("exact causal mask by position: a selected row never sees later rows, 
 
   // Rows need not be sorted by position: the mask follows positions. Reversing the row order of a full
   // prefill's input (positions travel with the rows) gives the same KV per position.
-  std::vector<token_id> tokens = prompt_tokens(9, 4);
-  const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
-  std::vector<token_id> reversed(tokens.rbegin(), tokens.rend());
-  LlamaKVCache rev(2, model.config().kv_dim(), 9);
-  for (std::int64_t r = 0; r < 9; ++r) rev.positions[static_cast<std::size_t>(r)] = 8 - r;
-  // partial_prefill needs the logits row last: select all rows; its logits are those of position 0.
-  model.partial_prefill(reversed, rev, all_rows(9), {});
-  for (std::int64_t r = 0; r < 9; ++r)
-    for (std::int64_t l = 0; l < 2; ++l) {
-      const std::vector<float> got(rev.k_row(l, r), rev.k_row(l, r) + rev.kv_dim);
-      const std::vector<float> want(full.kv.k_row(l, 8 - r), full.kv.k_row(l, 8 - r) + rev.kv_dim);
-      CHECK(diff(got, want).rounding());
-    }
+  const std::vector<token_id> tokens = prompt_tokens(9, 4);
+  kvfuse_test::check_reversed_rows_equal_full(model, tokens, model.full_prefill(tokens).kv);
 }
 
 TEST_CASE("a policy narrows the selected set layer by layer; statistics match the reference attention") {

@@ -28,6 +28,7 @@
 #include "../support/error_of.hpp"
 #include "../support/fusion_prompts.hpp"
 #include "../support/gguf_writer.hpp"
+#include "../support/llama_kv.hpp"
 #include "../support/model_path.hpp"
 #include "../support/test_util.hpp"
 
@@ -42,7 +43,9 @@ using kvfuse::RowMatrix;
 using kvfuse::token_id;
 using kvfuse::TokenSet;
 using kvfuse_test::diff;
+using kvfuse_test::all_rows;
 using kvfuse_test::error_of;
+using kvfuse_test::flat_kv;
 using kvfuse_test::GGUFWriter;
 
 namespace {
@@ -78,21 +81,6 @@ std::vector<token_id> prompt_tokens(std::size_t n, std::uint32_t seed = 1) {
   std::vector<token_id> t(n);
   for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<token_id>((seed * 2654435761u + 97u * i * i + 13u * i) % 96u);
   return t;
-}
-
-std::vector<float> flat_kv(const LlamaKVCache& kv) {
-  std::vector<float> out;
-  for (std::size_t l = 0; l < kv.k.size(); ++l) {
-    out.insert(out.end(), kv.k[l].begin(), kv.k[l].end());
-    out.insert(out.end(), kv.v[l].begin(), kv.v[l].end());
-  }
-  return out;
-}
-
-TokenSet all_rows(std::int64_t n) {
-  TokenSet s(static_cast<std::size_t>(n));
-  std::iota(s.begin(), s.end(), std::int64_t{0});
-  return s;
 }
 
 // ------------------------------------------------------------------ independent reference (double precision)
@@ -480,16 +468,7 @@ TEST_CASE("gemma3: a local layer's query never sees a key outside its window; a 
 
   // Rows need not be sorted by position: the window follows positions. Reversing the row order of a full
   // prefill's input (positions travel with the rows) gives the same KV per position.
-  std::vector<token_id> reversed(tokens.rbegin(), tokens.rend());
-  LlamaKVCache rev(3, model.config().kv_dim(), 12);
-  for (std::int64_t r = 0; r < 12; ++r) rev.positions[static_cast<std::size_t>(r)] = 11 - r;
-  model.partial_prefill(reversed, rev, all_rows(12), {});
-  for (std::int64_t r = 0; r < 12; ++r)
-    for (std::int64_t l = 0; l < 3; ++l) {
-      const std::vector<float> got(rev.k_row(l, r), rev.k_row(l, r) + rev.kv_dim);
-      const std::vector<float> want(full.kv.k_row(l, 11 - r), full.kv.k_row(l, 11 - r) + rev.kv_dim);
-      CHECK(diff(got, want).rounding());
-    }
+  kvfuse_test::check_reversed_rows_equal_full(model, tokens, full.kv);
 }
 
 TEST_CASE("gemma3: a RoPE shift rotates each layer with its own base, as computing the chunk at its new position") {
