@@ -361,27 +361,27 @@ class CpuLlama {
   // y = RMSNorm(x) ⊙ weight, row by row.
   void rms_norm(const RowMatrix& x, const Eigen::VectorXf& weight, RowMatrix& y) const {
     y.resize(x.rows(), x.cols());
-    const auto e = static_cast<double>(x.cols());
-    for (Eigen::Index i = 0; i < x.rows(); ++i) {
-      const double ss = x.row(i).cast<double>().squaredNorm();
-      const auto scale = static_cast<float>(1.0 / std::sqrt(ss / e + config_.rms_eps));
-      y.row(i) = (x.row(i) * scale).cwiseProduct(weight.transpose());
-    }
+    for (Eigen::Index i = 0; i < x.rows(); ++i)
+      y.row(i) = (x.row(i) * rms_scale(x.row(i))).cwiseProduct(weight.transpose());
   }
 
   // In place, each of the `heads` head vectors of every row: RMSNorm over head_dim ⊙ weight ([head_dim]), the
   // same arithmetic as rms_norm (gemma3's attn_q_norm / attn_k_norm).
   void rms_norm_heads(RowMatrix& x, std::int64_t heads, const Eigen::VectorXf& weight) const {
     const std::int64_t hd = config_.head_dim;
-    const auto d = static_cast<double>(hd);
     for (Eigen::Index i = 0; i < x.rows(); ++i) {
       for (std::int64_t head = 0; head < heads; ++head) {
         auto v = x.row(i).segment(head * hd, hd);
-        const double ss = v.cast<double>().squaredNorm();
-        const auto scale = static_cast<float>(1.0 / std::sqrt(ss / d + config_.rms_eps));
-        v = (v * scale).cwiseProduct(weight.transpose());
+        v = (v * rms_scale(v)).cwiseProduct(weight.transpose());
       }
     }
+  }
+
+  // RMSNorm's scale of one vector: 1 / sqrt(mean(v²) + eps), the squares summed in double.
+  template <class Vector>
+  [[nodiscard]] float rms_scale(const Vector& v) const {
+    const double ss = v.template cast<double>().squaredNorm();
+    return static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(v.size()) + config_.rms_eps));
   }
 
   // Attention of the selected rows' queries q ([|sel|][q_dim], rotated) over layer `layer` of kv; writes
