@@ -37,6 +37,14 @@
 //                                    come from the softmax the layer computes (StatisticsRequest,
 //                                    layer_protocol.hpp).
 //
+// AttentionStatisticsBackend — a refinement for engines that keep one set for every layer but can report
+// attention statistics during a full prefill: what FusionPipeline::record_context needs to profile Cache-Craft's
+// variants (eq. 3-11, 14). Every PerLayerFusionBackend gives them through its per-layer prefill; an engine with a
+// fixed set only (kvfuse's llama.cpp integration) models
+//   b.prefill(rows, groups, sink)         -> std::vector<float>: prefill(rows) of every row of a request just
+//                                            begun, calling sink(l, LayerAttention over groups) once per layer,
+//                                            l = 0 .. L − 1 (AttentionSink, layer_protocol.hpp)
+//
 // LayerwiseFusionBackend — a refinement for engines that take stored KV one layer at a time, so that reading
 // layers l + 1 .. l + L_p of the chunk caches overlaps computing layer l (FusionPipeline's layer-pipelined
 // loading: Cache-Craft §3.4.2, Algorithm 2; CacheBlend §5's pipelining of loading with recompute):
@@ -93,6 +101,13 @@ concept PerLayerFusionBackend =
     FixedSetFusionBackend<B> &&
     requires(B& b, const TokenSet& rows, const SelectionPolicy& next, const StatisticsRequest& stats) {
       { b.prefill(rows, next, stats) } -> std::same_as<std::vector<float>>;
+    };
+
+template <class B>
+concept AttentionStatisticsBackend =
+    FixedSetFusionBackend<B> && requires(B& b, const TokenSet& rows, const PromptLayout& groups,
+                                         const AttentionSink& sink) {
+      { b.prefill(rows, groups, sink) } -> std::same_as<std::vector<float>>;
     };
 
 template <class B>

@@ -7,7 +7,8 @@
 // Offline (chunk caches are generated ahead of time, as in the papers):
 //   store_chunk_caches(tokens, layout)  each chunk's KV computed alone at position 0 (CacheBlend, Epic), once
 //                                       per (model fingerprint, chunk tokens): chunks already stored are skipped
-//   record_context(tokens, layout)      a full prefill with attention statistics of an earlier prompt: every
+//   record_context(tokens, layout)      a full prefill with attention statistics of an earlier prompt (a
+//                                       PerLayerFusionBackend or AttentionStatisticsBackend engine): every
 //                                       chunk's in-context KV stored as a prefix-cache entry (keyed by the chain
 //                                       of chunks before it) and as a Cache-Craft variant (VariantCache, with the
 //                                       ChunkProfile of CCIScorer: CCI, stored prefix, eq. 14 token ranking)
@@ -229,19 +230,24 @@ class FusionPipeline {
   // as a prefix-cache entry and as a Cache-Craft variant (the profile from CCIScorer, eq. 3-11, 14); KV of
   // variants the VariantCache evicts is erased from the store.
   void record_context(std::span<const token_id> tokens, const PromptLayout& layout)
-    requires PerLayerFusionBackend<Backend>
+    requires PerLayerFusionBackend<Backend> || AttentionStatisticsBackend<Backend>
   {
     check_prompt(tokens, layout, "FusionPipeline::record_context");
     const auto n = static_cast<std::int64_t>(tokens.size());
     std::vector<LayerAttention> layers;
-    const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
-      layers.push_back(*r.attention);
-      return r.selected;
-    };
     TokenSet all;
     append_range(all, {0, n});
     backend_->begin(tokens);
-    (void)backend_->prefill(all, keep_all, StatisticsRequest{&layout});
+    if constexpr (PerLayerFusionBackend<Backend>) {
+      const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
+        layers.push_back(*r.attention);
+        return r.selected;
+      };
+      (void)backend_->prefill(all, keep_all, StatisticsRequest{&layout});
+    } else {
+      const AttentionSink keep = [&layers](std::int64_t, LayerAttention a) { layers.push_back(std::move(a)); };
+      (void)backend_->prefill(all, layout, keep);
+    }
 
     // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
     // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.

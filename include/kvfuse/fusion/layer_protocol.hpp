@@ -61,6 +61,10 @@ struct StatisticsRequest {
 // Returns S_{l+1} ⊆ S_l, which must keep the last row. The value returned after the last layer is not used.
 using SelectionPolicy = std::function<TokenSet(const LayerReport&)>;
 
+// Receives layer l's attention statistics from an engine's full prefill (AttentionStatisticsBackend,
+// fusion/fusion_backend.hpp), once per layer in order.
+using AttentionSink = std::function<void(std::int64_t layer, LayerAttention attention)>;
+
 // Called by the engine's forward pass with l before it reads layer l's KV (before computing layer l), on the
 // thread that runs the pass: the layer-pipelined loader waits there for layer l's stored KV and installs it
 // (vLLM's connector: wait_for_layer_load). It may throw; the pass then stops and the exception propagates.

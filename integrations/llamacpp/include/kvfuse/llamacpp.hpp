@@ -1,0 +1,650 @@
+#pragma once
+// kvfuse on llama.cpp: LlamaCppFusion models FixedSetFusionBackend (kvfuse/fusion/fusion_backend.hpp) over
+// llama.cpp's public C API, so that FusionPipeline runs full prefill, prefix caching, naive reuse (what
+// llama.cpp's own --cache-reuse does: shift matching chunks into place, recompute nothing), Epic's AttnLink and
+// Cache-Craft (its fixed set from the stored variants) inside llama.cpp itself. It also reports attention
+// statistics over the prompt's chunks during a full prefill (AttentionStatisticsBackend), which is what
+// FusionPipeline::record_context needs to profile Cache-Craft's variants (eq. 3-11, 14).
+//
+// What it is not: a PerLayerFusionBackend. llama_decode runs every layer of a batch for the same tokens, so
+// neither CacheBlend's gradual filtering (S_l shrinking per layer, §4.3) nor Cache-Craft's focus termination
+// (stopping the recompute of unfocused chunks after layer l*, §3.2.3) can be expressed; FusionPipeline refuses
+// both for this backend with a named error.
+//
+// How the concept maps onto llama.cpp (one llama_context, kv_unified, swa_full, n_seq_max = 4 + 2 per pending
+// block):
+//   - A stored block (KVBlock::bytes) is llama_state_seq_get_data of a sequence holding exactly the block's rows:
+//     llama.cpp's own sequence-state format (cells with their positions, then each layer's K and V rows).
+//   - load_rows restores it into a scratch sequence (llama_state_seq_set_data) and shift_rows moves it there
+//     (llama_memory_seq_add: llama.cpp re-rotates K by the delta on the next decode, with each layer's own RoPE
+//     base). Once its rows sit at their own positions the block joins the staging sequence S.
+//   - llama_decode accepts, per sequence, only positions that continue it (the first new position must be
+//     seq_pos_max + 1, with no gaps). So prefill(rows) walks the prompt left to right: for each maximal run
+//     [a, b) of rows to recompute, the staged rows before a join the request's sequence R
+//     (llama_memory_seq_cp + seq_rm), the stale copies of rows [a, b) are dropped, and tokens a .. b − 1 are
+//     decoded in R at their positions. A token decoded at position p attends to R's cells at positions <= p:
+//     the exact causal mask by position. One llama_decode per run (and per n_batch tokens).
+//   - Every cell belongs to two sequences (R with its pin P, S with its pin Q, a scratch pair): a cell of one
+//     sequence that a sliding-window layer masks may be overwritten by llama.cpp's slot search, and a cell of two
+//     never is, so rows that a later run or save_rows still needs are never lost on Gemma 3's local layers.
+//   - save_rows copies R's cells of rows r into a scratch sequence and saves that sequence's state; chunk_kv
+//     decodes the chunk alone in a scratch pair at positions first, first + 1, ... and saves it. Neither touches
+//     the request's sequences, so the pipeline may compute a chunk cache in the middle of assembling a request.
+//   - model_fingerprint() hashes every byte of the GGUF file together with what fixes the state layout (which
+//     llama.cpp source: KVFUSE_LLAMACPP_SOURCE_ID, set by the build to its sha256; the KV cache type, V
+//     transposed or not, swa_full, the measured state size): KV never crosses models, llama.cpp builds or
+//     layouts.
+//
+// Also here, for a serving loop and the evaluation harness: greedy generation after the prompt, teacher-forced
+// logits over given tokens, and truncation back to the prompt. Thread safety: none; one LlamaCppFusion (like one
+// llama_context) is used by one thread at a time.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <llama.h>
+
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/hash.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_backend.hpp"
+#include "kvfuse/fusion/layer_protocol.hpp"
+
+#ifndef KVFUSE_LLAMACPP_SOURCE_ID
+#error "KVFUSE_LLAMACPP_SOURCE_ID names the llama.cpp source this is built against (the kvfuse::llamacpp target sets it)"
+#endif
+
+namespace kvfuse::llamacpp {
+
+struct LlamaCppOptions {
+  int threads = 0;                // llama.cpp's n_threads and n_threads_batch; 0: the hardware's cores
+  std::uint32_t n_ctx = 8192;     // KV cells: the prompt, the rows being recomputed, a chunk cache, the answer
+  std::uint32_t n_batch = 512;    // tokens per llama_decode
+  std::uint32_t n_ubatch = 512;   // tokens per graph
+  std::uint32_t max_pending = 8;  // blocks loaded but not yet at their positions (each holds two scratch sequences)
+  ggml_type kv_type = GGML_TYPE_F16;  // K and V cache type (part of the fingerprint: it changes the stored bytes)
+  // llama.cpp's flash attention. Off by default: the attention statistics (record_context) read the softmax
+  // llama.cpp computes without it; with it on they are refused with a named error.
+  bool flash_attention = false;
+  bool quiet = true;  // silence llama.cpp's log below errors
+};
+
+namespace detail {
+
+// FNV-1a over every byte of a file (kvfuse/core/hash.hpp), read in 1 MiB blocks.
+[[nodiscard]] inline std::uint64_t file_hash(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  kvfuse::detail::require(in.good(), "LlamaCppFusion: cannot open '{}'", path.string());
+  std::vector<char> buf(std::size_t{1} << 20);
+  std::uint64_t h = kFnvOffset;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    h = fnv1a(std::as_bytes(std::span(buf.data(), got)), h);
+  }
+  kvfuse::detail::require(in.eof(), "LlamaCppFusion: reading '{}' failed", path.string());
+  return h;
+}
+
+inline void quiet_log(ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+}  // namespace detail
+
+class LlamaCppFusion {
+ public:
+  // Loads the GGUF with llama.cpp (mmap) and makes one context. Throws with the path and llama.cpp's refusal.
+  explicit LlamaCppFusion(const std::filesystem::path& gguf, LlamaCppOptions options = {}) : options_(options) {
+    kvfuse::detail::require(options_.max_pending >= 1 && options_.n_batch >= 1 && options_.n_ubatch >= 1 &&
+                                options_.n_ctx >= 16,
+                            "LlamaCppFusion: max_pending {}, n_batch {}, n_ubatch {}, n_ctx {} (need >= 1, >= 1, >= 1, "
+                            ">= 16)",
+                            options_.max_pending, options_.n_batch, options_.n_ubatch, options_.n_ctx);
+    if (options_.quiet) llama_log_set(detail::quiet_log, nullptr);
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    model_.reset(llama_model_load_from_file(gguf.string().c_str(), mp));
+    kvfuse::detail::require(model_ != nullptr, "LlamaCppFusion: llama.cpp cannot load '{}'", gguf.string());
+    vocab_ = llama_model_get_vocab(model_.get());
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+    n_layer_ = llama_model_n_layer(model_.get());
+
+    llama_context_params cp = llama_context_default_params();
+    const int threads = options_.threads > 0 ? options_.threads
+                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cp.n_ctx = options_.n_ctx;
+    cp.n_batch = options_.n_batch;
+    cp.n_ubatch = options_.n_ubatch;
+    cp.n_seq_max = kFirstScratch + 2 * options_.max_pending;
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.type_k = options_.kv_type;
+    cp.type_v = options_.kv_type;
+    cp.flash_attn_type = options_.flash_attention ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.swa_full = true;
+    cp.kv_unified = true;
+    cp.no_perf = true;
+    cp.cb_eval = &LlamaCppFusion::eval_callback;
+    cp.cb_eval_user_data = this;
+    ctx_.reset(llama_init_from_model(model_.get(), cp));
+    kvfuse::detail::require(ctx_ != nullptr, "LlamaCppFusion: llama.cpp cannot make a context for '{}' ({} cells)",
+                            gguf.string(), options_.n_ctx);
+    mem_ = llama_get_memory(ctx_.get());
+    kvfuse::detail::require(llama_memory_can_shift(mem_),
+                            "LlamaCppFusion: llama.cpp cannot shift the KV of '{}' (M-RoPE or a per-layer RoPE size): "
+                            "position-independent reuse needs it",
+                            gguf.string());
+    threads_ = threads;
+    batch_ = llama_batch_init(static_cast<std::int32_t>(options_.n_batch), 0, 2);
+    scratch_free_.assign(options_.max_pending, true);
+    pending_.resize(options_.max_pending);
+
+    measure_block_layout();
+    const std::uint64_t layout[] = {static_cast<std::uint64_t>(options_.kv_type),
+                                    options_.flash_attention ? 1u : 0u,  // V transposed in the state without it
+                                    1u /* swa_full */, state_base_, state_per_row_};
+    fingerprint_ = fnv1a(std::as_bytes(std::span(layout)),
+                         fnv1a(std::as_bytes(std::span(std::string_view(KVFUSE_LLAMACPP_SOURCE_ID))),
+                               detail::file_hash(gguf)));
+  }
+
+  LlamaCppFusion(const LlamaCppFusion&) = delete;
+  LlamaCppFusion& operator=(const LlamaCppFusion&) = delete;
+  ~LlamaCppFusion() { llama_batch_free(batch_); }
+
+  // ---- FixedSetFusionBackend
+  [[nodiscard]] std::uint64_t model_fingerprint() const noexcept { return fingerprint_; }
+  [[nodiscard]] std::int64_t num_layers() const noexcept { return n_layer_; }
+  // llama.cpp's sequence state of n cells: a fixed header and the same bytes per cell (measured once).
+  [[nodiscard]] std::size_t block_bytes(std::int64_t n) const noexcept {
+    return state_base_ + static_cast<std::size_t>(n) * state_per_row_;
+  }
+
+  KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first) {
+    kvfuse::detail::require(!tokens.empty() && first >= 0, "LlamaCppFusion::chunk_kv: {} tokens at position {}",
+                            tokens.size(), first);
+    const int slot = take_scratch("chunk_kv");
+    const llama_seq_id x = scratch_seq(slot);
+    decode_run(tokens, first, {x, x + 1}, false);
+    KVBlock block{static_cast<std::int64_t>(tokens.size()), save_sequence(x), first};
+    llama_memory_seq_rm(mem_, x, -1, -1);
+    llama_memory_seq_rm(mem_, x + 1, -1, -1);
+    release_scratch(slot);
+    return block;
+  }
+
+  void begin(std::span<const token_id> tokens) {
+    kvfuse::detail::require(!tokens.empty(), "LlamaCppFusion::begin: an empty prompt");
+    kvfuse::detail::require(tokens.size() <= options_.n_ctx,
+                            "LlamaCppFusion::begin: a {}-token prompt in a context of {} cells (LlamaCppOptions::n_ctx)",
+                            tokens.size(), options_.n_ctx);
+    for (token_id t : tokens)
+      kvfuse::detail::require(t >= 0 && t < n_vocab_, "LlamaCppFusion::begin: token {} outside the vocabulary of {}",
+                              t, n_vocab_);
+    llama_memory_clear(mem_, true);
+    tokens_.assign(tokens.begin(), tokens.end());
+    staged_.assign(tokens.size(), false);
+    attached_end_ = 0;
+    shift_pending_ = false;
+    last_rows_.clear();
+    scratch_free_.assign(options_.max_pending, true);
+    for (Pending& p : pending_) p = {};
+  }
+
+  // Stored KV of rows r, rotated at positions block.first_position + (0 .. r.size() − 1).
+  void load_rows(TokenRange r, const KVBlock& block) {
+    check_range(r, "load_rows");
+    kvfuse::detail::require(block.num_tokens == r.size() && block.bytes.size() == block_bytes(r.size()),
+                            "LlamaCppFusion::load_rows: a block of {} rows and {} bytes for rows {} ({} bytes)",
+                            block.num_tokens, block.bytes.size(), r, block_bytes(r.size()));
+    const int slot = take_scratch("load_rows");
+    const llama_seq_id x = scratch_seq(slot);
+    const std::size_t read = llama_state_seq_set_data(
+        ctx_.get(), reinterpret_cast<const std::uint8_t*>(block.bytes.data()), block.bytes.size(), x);
+    if (read != block.bytes.size()) {
+      llama_memory_seq_rm(mem_, x, -1, -1);
+      release_scratch(slot);
+      throw error(fmt::format("LlamaCppFusion::load_rows: llama.cpp refused the stored block for rows {} ({} of {} "
+                              "bytes read): not a sequence state of this model and build",
+                              r, read, block.bytes.size()));
+    }
+    llama_memory_seq_cp(mem_, x, x + 1, -1, -1);  // two sequences: never overwritten (header comment)
+    if (llama_memory_seq_pos_min(mem_, x) != block.first_position ||
+        llama_memory_seq_pos_max(mem_, x) != block.first_position + r.size() - 1) {
+      const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
+      drop_scratch(slot);
+      throw error(fmt::format("LlamaCppFusion::load_rows: the stored block for rows {} holds positions [{}, {}], not "
+                              "[{}, {}]",
+                              r, lo, hi, block.first_position, block.first_position + r.size() - 1));
+    }
+    pending_[static_cast<std::size_t>(slot)] = {r, block.first_position, true};
+    if (block.first_position == r.begin) stage(slot);
+  }
+
+  // RoPE-shift rows r (loaded, not yet at their positions) by delta.
+  void shift_rows(TokenRange r, std::int64_t delta) {
+    check_range(r, "shift_rows");
+    const auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.used && p.rows == r; });
+    kvfuse::detail::require(it != pending_.end(),
+                            "LlamaCppFusion::shift_rows: rows {} are not a loaded block waiting for its positions",
+                            r);
+    const int slot = static_cast<int>(it - pending_.begin());
+    const llama_seq_id x = scratch_seq(slot);
+    llama_memory_seq_add(mem_, x, static_cast<llama_pos>(it->first), static_cast<llama_pos>(it->first + r.size()),
+                         static_cast<llama_pos>(delta));
+    it->first += delta;
+    shift_pending_ = true;  // llama.cpp rotates K on the next decode
+    if (it->first == r.begin) stage(slot);
+  }
+
+  // Recomputes `rows` (ascending, holding the last row) over the resident KV, each at its position; the logits of
+  // the last row.
+  std::vector<float> prefill(const TokenSet& rows) { return prefill_impl(rows, nullptr); }
+
+  // The resident KV of rows r (rows of the request's sequence), first_position = r.begin.
+  [[nodiscard]] KVBlock save_rows(TokenRange r) const {
+    auto& self = const_cast<LlamaCppFusion&>(*this);  // scratch sequences only: the request's KV is unchanged
+    self.check_range(r, "save_rows");
+    kvfuse::detail::require(r.end <= attached_end_ && !shift_pending_,
+                            "LlamaCppFusion::save_rows: rows {} are not computed yet (rows [0, {}) are{})", r,
+                            attached_end_, shift_pending_ ? "; a shift waits for the next prefill" : "");
+    const int slot = self.take_scratch("save_rows");
+    const llama_seq_id x = scratch_seq(slot);
+    llama_memory_seq_cp(mem_, kRequest, x, static_cast<llama_pos>(r.begin), static_cast<llama_pos>(r.end));
+    KVBlock block{r.size(), self.save_sequence(x), r.begin};
+    llama_memory_seq_rm(mem_, x, -1, -1);
+    self.release_scratch(slot);
+    return block;
+  }
+
+  // ---- AttentionStatisticsBackend: prefill(rows) of a request whose rows are all recomputed (a full prefill),
+  // calling sink(l, LayerAttention over `groups`) after layer l, l = 0 .. L − 1. From llama.cpp's softmax
+  // ("kq_soft_max" through the eval callback, the probabilities llama.cpp computes), summed over the heads.
+  std::vector<float> prefill(const TokenSet& rows, const PromptLayout& groups,
+                             const AttentionSink& sink) {
+    kvfuse::detail::require(!options_.flash_attention,
+                            "LlamaCppFusion: attention statistics read llama.cpp's softmax, which flash attention does "
+                            "not compute (LlamaCppOptions::flash_attention)");
+    const auto n = static_cast<std::int64_t>(tokens_.size());
+    kvfuse::detail::require(static_cast<std::int64_t>(rows.size()) == n && attached_end_ == 0 &&
+                                groups.num_tokens() == n,
+                            "LlamaCppFusion: attention statistics need a full prefill of a new request over a layout of "
+                            "its {} rows ({} rows, layout of {}, {} rows computed)",
+                            n, rows.size(), groups.num_tokens(), attached_end_);
+    groups.validate();
+    Statistics stats;
+    stats.groups = &groups;
+    stats.num_groups = static_cast<std::int64_t>(groups.chunks.size()) + 1;
+    stats.group_of.assign(static_cast<std::size_t>(n), stats.num_groups - 1);
+    for (std::size_t j = 0; j < groups.chunks.size(); ++j)
+      for (std::int64_t t = groups.chunks[j].range.begin; t < groups.chunks[j].range.end; ++t)
+        stats.group_of[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(j);
+    stats.layers.resize(static_cast<std::size_t>(n_layer_));
+    for (LayerAttention& a : stats.layers) {
+      a.num_groups = stats.num_groups;
+      a.mass.assign(static_cast<std::size_t>(n * stats.num_groups), 0.0f);
+      a.self_mass.assign(static_cast<std::size_t>(n), 0.0f);
+    }
+    stats.rows_seen.assign(static_cast<std::size_t>(n_layer_), 0);
+    std::vector<float> logits = prefill_impl(rows, &stats);
+    for (std::int64_t l = 0; l < n_layer_; ++l) {
+      kvfuse::detail::require(stats.rows_seen[static_cast<std::size_t>(l)] == n,
+                              "LlamaCppFusion: llama.cpp's softmax of layer {} covered {} of {} rows", l,
+                              stats.rows_seen[static_cast<std::size_t>(l)], n);
+      sink(l, std::move(stats.layers[static_cast<std::size_t>(l)]));
+    }
+    return logits;
+  }
+
+  // ---- after a prefill: what a serving loop does next
+  // Greedy tokens after the prompt (stops at eos or max_new_tokens), decoded in the request's sequence.
+  std::vector<token_id> greedy(std::span<const float> last_logits, std::int64_t max_new_tokens, token_id eos) {
+    check_logits(last_logits, "greedy");
+    std::vector<token_id> out;
+    std::vector<float> logits(last_logits.begin(), last_logits.end());
+    while (static_cast<std::int64_t>(out.size()) < max_new_tokens) {
+      const auto next = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      if (next == eos) break;
+      out.push_back(next);
+      if (static_cast<std::int64_t>(out.size()) == max_new_tokens) break;
+      logits = append(std::span<const token_id>(&out.back(), 1), false).front();
+    }
+    return out;
+  }
+
+  // Teacher forcing: the distributions before each of `tokens` when they are fed after the prompt — the first
+  // is last_logits, then one per token but the last (CpuLlama::forced_logits's contract).
+  std::vector<std::vector<float>> forced_logits(std::span<const float> last_logits, std::span<const token_id> tokens) {
+    check_logits(last_logits, "forced_logits");
+    std::vector<std::vector<float>> out;
+    if (tokens.empty()) return out;
+    out.emplace_back(last_logits.begin(), last_logits.end());
+    if (tokens.size() > 1) {
+      std::vector<std::vector<float>> rest = append(tokens.first(tokens.size() - 1), true);
+      for (auto& v : rest) out.push_back(std::move(v));
+    }
+    return out;
+  }
+
+  // Drops what greedy / forced_logits appended: the request's sequence holds the prompt again.
+  void truncate_to_prompt() {
+    const auto n = static_cast<llama_pos>(tokens_.size());
+    llama_memory_seq_rm(mem_, kRequest, n, -1);
+    llama_memory_seq_rm(mem_, kRequestPin, n, -1);
+    attached_end_ = std::min<std::int64_t>(attached_end_, n);
+  }
+
+  // ---- inspection (tests)
+  // The rows the last prefill decoded, in order.
+  [[nodiscard]] const TokenSet& last_prefill_rows() const noexcept { return last_rows_; }
+  // Cells of the request's sequence (llama.cpp's own count, from its sequence state size).
+  [[nodiscard]] std::int64_t request_cells() const {
+    const std::size_t size = llama_state_seq_get_size(ctx_.get(), kRequest);
+    if (size <= state_empty_) return 0;
+    return static_cast<std::int64_t>((size - state_base_) / state_per_row_);
+  }
+  [[nodiscard]] llama_context* context() const noexcept { return ctx_.get(); }
+  [[nodiscard]] int threads() const noexcept { return threads_; }
+  [[nodiscard]] std::int64_t vocab_size() const noexcept { return n_vocab_; }
+
+ private:
+  // Sequence ids: the request R and its pin P, the staging sequence S and its pin Q, then scratch pairs.
+  static constexpr llama_seq_id kRequest = 0, kRequestPin = 1, kStaging = 2, kStagingPin = 3, kFirstScratch = 4;
+
+  struct ModelDeleter {
+    void operator()(llama_model* m) const noexcept { llama_model_free(m); }
+  };
+  struct ContextDeleter {
+    void operator()(llama_context* c) const noexcept { llama_free(c); }
+  };
+  struct Pending {
+    TokenRange rows{};
+    std::int64_t first = 0;  // position of the block's first row now
+    bool used = false;
+  };
+  struct Statistics {
+    const PromptLayout* groups = nullptr;
+    std::int64_t num_groups = 0;
+    std::vector<std::int64_t> group_of;     // per row
+    std::vector<LayerAttention> layers;     // per layer, rows in order
+    std::vector<std::int64_t> rows_seen;    // per layer: rows whose softmax was read
+  };
+
+  static constexpr llama_seq_id scratch_seq(int slot) noexcept { return kFirstScratch + 2 * slot; }
+
+  int take_scratch(std::string_view who) {
+    for (std::size_t i = 0; i < scratch_free_.size(); ++i)
+      if (scratch_free_[i]) {
+        scratch_free_[i] = false;
+        return static_cast<int>(i);
+      }
+    throw error(fmt::format("LlamaCppFusion::{}: {} blocks wait for their positions already "
+                            "(LlamaCppOptions::max_pending)",
+                            who, scratch_free_.size()));
+  }
+  void release_scratch(int slot) noexcept {
+    scratch_free_[static_cast<std::size_t>(slot)] = true;
+    pending_[static_cast<std::size_t>(slot)] = {};
+  }
+  void drop_scratch(int slot) noexcept {
+    llama_memory_seq_rm(mem_, scratch_seq(slot), -1, -1);
+    llama_memory_seq_rm(mem_, scratch_seq(slot) + 1, -1, -1);
+    release_scratch(slot);
+  }
+
+  // A loaded block now at its own positions joins the staging sequence.
+  void stage(int slot) {
+    const Pending& p = pending_[static_cast<std::size_t>(slot)];
+    for (std::int64_t t = p.rows.begin; t < p.rows.end; ++t)
+      kvfuse::detail::require(!staged_[static_cast<std::size_t>(t)] && t >= attached_end_,
+                              "LlamaCppFusion::load_rows: row {} of rows {} is resident already", t, p.rows);
+    const llama_seq_id x = scratch_seq(slot);
+    llama_memory_seq_cp(mem_, x, kStaging, -1, -1);
+    llama_memory_seq_cp(mem_, x, kStagingPin, -1, -1);
+    std::fill(staged_.begin() + p.rows.begin, staged_.begin() + p.rows.end, true);
+    drop_scratch(slot);
+  }
+
+  // Staged rows [lo, hi) join the request's sequence.
+  void attach(std::int64_t lo, std::int64_t hi) {
+    if (lo >= hi) return;
+    for (std::int64_t t = lo; t < hi; ++t)
+      kvfuse::detail::require(staged_[static_cast<std::size_t>(t)],
+                              "LlamaCppFusion::prefill: row {} is neither recomputed nor loaded", t);
+    const auto a = static_cast<llama_pos>(lo), b = static_cast<llama_pos>(hi);
+    llama_memory_seq_cp(mem_, kStaging, kRequest, a, b);
+    llama_memory_seq_cp(mem_, kStaging, kRequestPin, a, b);
+    llama_memory_seq_rm(mem_, kStaging, a, b);
+    llama_memory_seq_rm(mem_, kStagingPin, a, b);
+    std::fill(staged_.begin() + lo, staged_.begin() + hi, false);
+  }
+
+  // Rows of the request's sequence at positions >= lo go back to staging (a second prefill of the request).
+  void detach_from(std::int64_t lo) {
+    if (lo >= attached_end_) return;
+    const auto a = static_cast<llama_pos>(lo);
+    llama_memory_seq_cp(mem_, kRequest, kStaging, a, -1);
+    llama_memory_seq_cp(mem_, kRequest, kStagingPin, a, -1);
+    llama_memory_seq_rm(mem_, kRequest, a, -1);
+    llama_memory_seq_rm(mem_, kRequestPin, a, -1);
+    std::fill(staged_.begin() + lo, staged_.begin() + attached_end_, true);
+    attached_end_ = lo;
+  }
+
+  std::vector<float> prefill_impl(const TokenSet& rows, Statistics* stats) {
+    const auto n = static_cast<std::int64_t>(tokens_.size());
+    kvfuse::detail::require(!rows.empty() && rows.back() == n - 1,
+                            "LlamaCppFusion::prefill: the rows must hold the last row {} (got {} rows{})", n - 1,
+                            rows.size(), rows.empty() ? "" : fmt::format(", last {}", rows.back()));
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      kvfuse::detail::require(rows[i] >= 0 && (i == 0 || rows[i] > rows[i - 1]),
+                              "LlamaCppFusion::prefill: rows must ascend from >= 0 (row {} at {})", rows[i], i);
+    for (const Pending& p : pending_)
+      kvfuse::detail::require(!p.used, "LlamaCppFusion::prefill: rows {} were loaded at position {} and not shifted to "
+                                       "their own",
+                              p.rows, p.first);
+    detach_from(rows.front());
+    last_rows_ = rows;
+    stats_ = stats;
+    std::vector<float> logits;
+    try {
+      std::size_t i = 0;
+      while (i < rows.size()) {
+        std::size_t j = i + 1;
+        while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+        const std::int64_t a = rows[i], b = rows[j - 1] + 1;
+        attach(attached_end_, a);
+        const auto pa = static_cast<llama_pos>(a), pb = static_cast<llama_pos>(b);
+        llama_memory_seq_rm(mem_, kStaging, pa, pb);  // stale copies of the rows about to be recomputed
+        llama_memory_seq_rm(mem_, kStagingPin, pa, pb);
+        std::fill(staged_.begin() + a, staged_.begin() + b, false);
+        logits = decode_run(std::span<const token_id>(tokens_).subspan(static_cast<std::size_t>(a),
+                                                                         static_cast<std::size_t>(b - a)),
+                            a, {kRequest, kRequestPin}, b == n);
+        attached_end_ = b;
+        i = j;
+      }
+    } catch (...) {
+      stats_ = nullptr;
+      throw;
+    }
+    stats_ = nullptr;
+    return logits;
+  }
+
+  // Decodes tokens at positions first, first + 1, ... in the sequences `seqs` (n_batch at a time); the logits of
+  // the last token when `want_last`.
+  std::vector<float> decode_run(std::span<const token_id> tokens, std::int64_t first,
+                                std::initializer_list<llama_seq_id> seqs, bool want_last) {
+    std::vector<float> logits;
+    for (std::size_t done = 0; done < tokens.size();) {
+      const std::size_t m = std::min<std::size_t>(options_.n_batch, tokens.size() - done);
+      fill_batch(tokens.subspan(done, m), first + static_cast<std::int64_t>(done), seqs, false);
+      const bool last = done + m == tokens.size();
+      if (last && want_last) batch_.logits[m - 1] = 1;
+      decode("prefill", first + static_cast<std::int64_t>(done), m);
+      if (last && want_last) {
+        const float* z = llama_get_logits_ith(ctx_.get(), static_cast<std::int32_t>(m - 1));
+        logits.assign(z, z + n_vocab_);
+      }
+      done += m;
+    }
+    return logits;
+  }
+
+  // Tokens appended to the request's sequence after what it holds; the logits of every token when `all`, else of
+  // the last.
+  std::vector<std::vector<float>> append(std::span<const token_id> tokens, bool all) {
+    std::vector<std::vector<float>> out;
+    const llama_pos next = llama_memory_seq_pos_max(mem_, kRequest) + 1;
+    for (std::size_t done = 0; done < tokens.size();) {
+      const std::size_t m = std::min<std::size_t>(options_.n_batch, tokens.size() - done);
+      fill_batch(tokens.subspan(done, m), next + static_cast<std::int64_t>(done), {kRequest, kRequestPin}, all);
+      if (!all && done + m == tokens.size()) batch_.logits[m - 1] = 1;
+      decode("append", next + static_cast<std::int64_t>(done), m);
+      for (std::size_t i = 0; i < m; ++i) {
+        if (!all && i + 1 < m) continue;
+        if (!all && done + m != tokens.size()) continue;
+        const float* z = llama_get_logits_ith(ctx_.get(), static_cast<std::int32_t>(i));
+        out.emplace_back(z, z + n_vocab_);
+      }
+      done += m;
+    }
+    return out;
+  }
+
+  void fill_batch(std::span<const token_id> tokens, std::int64_t first, std::initializer_list<llama_seq_id> seqs,
+                  bool logits_all) {
+    batch_.n_tokens = static_cast<std::int32_t>(tokens.size());
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      batch_.token[i] = tokens[i];
+      batch_.pos[i] = static_cast<llama_pos>(first + static_cast<std::int64_t>(i));
+      batch_.n_seq_id[i] = static_cast<std::int32_t>(seqs.size());
+      std::copy(seqs.begin(), seqs.end(), batch_.seq_id[i]);
+      batch_.logits[i] = logits_all ? 1 : 0;
+    }
+  }
+
+  void decode(std::string_view what, std::int64_t first, std::size_t m) {
+    const std::int32_t rc = llama_decode(ctx_.get(), batch_);
+    if (rc == 1)
+      throw error(fmt::format("LlamaCppFusion::{}: no room for {} tokens at position {} in a context of {} cells "
+                              "(LlamaCppOptions::n_ctx)",
+                              what, m, first, options_.n_ctx));
+    kvfuse::detail::require(rc == 0, "LlamaCppFusion::{}: llama_decode of {} tokens at position {} failed ({})", what,
+                            m, first, rc);
+    shift_pending_ = false;
+  }
+
+  std::vector<std::byte> save_sequence(llama_seq_id seq) {
+    std::vector<std::byte> bytes(llama_state_seq_get_size(ctx_.get(), seq));
+    const std::size_t wrote =
+        llama_state_seq_get_data(ctx_.get(), reinterpret_cast<std::uint8_t*>(bytes.data()), bytes.size(), seq);
+    kvfuse::detail::require(wrote == bytes.size() && !bytes.empty(),
+                            "LlamaCppFusion: llama.cpp saved {} of {} bytes of a sequence state", wrote, bytes.size());
+    return bytes;
+  }
+
+  // block_bytes(n) = base + n · per_row, from the state sizes of one and two decoded tokens.
+  void measure_block_layout() {
+    state_empty_ = llama_state_seq_get_size(ctx_.get(), kRequest);
+    const token_id t[2] = {0, 0};
+    decode_run(std::span<const token_id>(t, 1), 0, {kRequest, kRequestPin}, false);
+    const std::size_t one = llama_state_seq_get_size(ctx_.get(), kRequest);
+    decode_run(std::span<const token_id>(t + 1, 1), 1, {kRequest, kRequestPin}, false);
+    const std::size_t two = llama_state_seq_get_size(ctx_.get(), kRequest);
+    kvfuse::detail::require(two > one && one > state_empty_,
+                            "LlamaCppFusion: llama.cpp's sequence state does not grow with its cells ({}, {}, {} bytes)",
+                            state_empty_, one, two);
+    state_per_row_ = two - one;
+    state_base_ = one - state_per_row_;
+    llama_memory_clear(mem_, true);
+  }
+
+  void check_range(TokenRange r, std::string_view who) const {
+    kvfuse::detail::require(r.begin >= 0 && r.begin < r.end && r.end <= static_cast<std::int64_t>(tokens_.size()),
+                            "LlamaCppFusion::{}: rows {} outside the {}-token prompt", who, r, tokens_.size());
+  }
+  void check_logits(std::span<const float> logits, std::string_view who) const {
+    kvfuse::detail::require(static_cast<std::int64_t>(logits.size()) == n_vocab_,
+                            "LlamaCppFusion::{}: {} logits for a vocabulary of {}", who, logits.size(), n_vocab_);
+  }
+
+  // llama.cpp's eval callback: during an attention-statistics prefill, reads each layer's softmax
+  // ("kq_soft_max-<layer>", [n_kv][n_tokens][n_head], cells in position order in a new request's cache).
+  static bool eval_callback(ggml_tensor* t, bool ask, void* user) {
+    auto* self = static_cast<LlamaCppFusion*>(user);
+    if (self->stats_ == nullptr) return ask ? false : true;
+    const std::string_view name = ggml_get_name(t);
+    constexpr std::string_view prefix = "kq_soft_max-";
+    if (name.substr(0, prefix.size()) != prefix) return ask ? false : true;
+    if (ask) return true;
+    self->read_softmax(t, std::stoll(std::string(name.substr(prefix.size()))));
+    return true;
+  }
+
+  void read_softmax(const ggml_tensor* t, std::int64_t layer) {
+    Statistics& s = *stats_;
+    kvfuse::detail::require(t->type == GGML_TYPE_F32 && layer >= 0 && layer < n_layer_ && ggml_is_contiguous(t),
+                            "LlamaCppFusion: unexpected softmax tensor for layer {}", layer);
+    const std::int64_t n_kv = t->ne[0], n_tok = t->ne[1], n_head = t->ne[2] * t->ne[3];
+    const auto* p = static_cast<const float*>(t->data);
+    LayerAttention& a = s.layers[static_cast<std::size_t>(layer)];
+    // Rows of this graph: the batch's tokens in order, after the rows already read for this layer.
+    const std::int64_t row0 = s.rows_seen[static_cast<std::size_t>(layer)];
+    const auto n = static_cast<std::int64_t>(s.group_of.size());
+    for (std::int64_t h = 0; h < n_head; ++h)
+      for (std::int64_t i = 0; i < n_tok; ++i) {
+        const std::int64_t row = row0 + i;
+        if (row >= n) break;
+        const float* w = p + (h * n_tok + i) * n_kv;
+        float* mass = a.mass.data() + row * s.num_groups;
+        for (std::int64_t c = 0; c < std::min(n_kv, row + 1); ++c) mass[s.group_of[static_cast<std::size_t>(c)]] += w[c];
+        a.self_mass[static_cast<std::size_t>(row)] += w[row];
+      }
+    s.rows_seen[static_cast<std::size_t>(layer)] += n_tok;
+  }
+
+  LlamaCppOptions options_;
+  std::unique_ptr<llama_model, ModelDeleter> model_;
+  std::unique_ptr<llama_context, ContextDeleter> ctx_;
+  llama_memory_t mem_ = nullptr;
+  const llama_vocab* vocab_ = nullptr;
+  std::int32_t n_vocab_ = 0;
+  std::int64_t n_layer_ = 0;
+  int threads_ = 0;
+  llama_batch batch_{};
+  std::uint64_t fingerprint_ = 0;
+  std::size_t state_empty_ = 0, state_base_ = 0, state_per_row_ = 0;
+
+  std::vector<token_id> tokens_;
+  std::vector<bool> staged_;        // per row: in the staging sequence
+  std::int64_t attached_end_ = 0;   // the request's sequence holds rows [0, attached_end_)
+  bool shift_pending_ = false;      // a shift llama.cpp applies on the next decode
+  std::vector<bool> scratch_free_;
+  std::vector<Pending> pending_;    // per scratch pair
+  TokenSet last_rows_;
+  Statistics* stats_ = nullptr;
+};
+
+static_assert(FixedSetFusionBackend<LlamaCppFusion>);
+static_assert(!PerLayerFusionBackend<LlamaCppFusion>);
+static_assert(AttentionStatisticsBackend<LlamaCppFusion>);
+
+}  // namespace kvfuse::llamacpp

@@ -1,0 +1,438 @@
+// kvfuse on llama.cpp (LlamaCppFusion), on the real models: the equalities that must hold (kvfuse's full prefill
+// and a 100 % recompute equal llama.cpp's own prefill; a chunk computed alone and shifted to p equals it computed
+// alone at p), the rows AttnLink recomputes are the rows it planned, bad store entries are refused and recomputed,
+// and the attention statistics Cache-Craft profiles with are llama.cpp's softmax.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "kvfuse/backend/disk_kv_store.hpp"
+#include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/fusion/fusion_pipeline.hpp"
+#include "kvfuse/llamacpp.hpp"
+#include "kvfuse/model/gguf.hpp"
+#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/model/tokenizer.hpp"
+#include "support/model_path.hpp"
+
+namespace {
+
+using kvfuse::llamacpp::LlamaCppFusion;
+using kvfuse::llamacpp::LlamaCppOptions;
+using kvfuse_test::RealModel;
+
+struct RealPrompt {
+  std::vector<kvfuse::token_id> tokens;
+  kvfuse::PromptLayout layout;
+};
+
+RealPrompt rag_prompt(const std::filesystem::path& model, std::vector<std::string> passages) {
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(model);
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
+  const kvfuse::RagPrompt p = kvfuse::build_rag_prompt(
+      tok, "Answer the question using the documents.", passages, "Which river flows through the capital of the country "
+                                                                 "where the composer of the opera was born?");
+  return {p.tokens, p.layout()};
+}
+
+const std::vector<std::string> kPassages = {
+    "The opera Rusalka was composed by Antonin Dvorak, who was born in Nelahozeves, in what is now the Czech "
+    "Republic. He spent most of his life in Prague and a few years in New York.",
+    "Prague is the capital and largest city of the Czech Republic. The Vltava river flows through the city, "
+    "crossed by the Charles Bridge and many others.",
+    "Bohemia is a historical region in the west of the Czech Republic. Its rivers drain into the Elbe, which "
+    "flows north into Germany and reaches the North Sea at Hamburg.",
+    "Vienna lies on the Danube. The river flows east from the Black Forest through Austria, Slovakia and Hungary "
+    "to the Black Sea."};
+
+// Relative L2 distance of two logit vectors.
+double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// llama.cpp by itself: a new context (one sequence, defaults but flash attention as the backend's) decodes the
+// prompt; the last token's logits.
+std::vector<float> llama_cpp_prefill(const std::filesystem::path& model, std::span<const kvfuse::token_id> tokens) {
+  llama_model* m = llama_model_load_from_file(model.string().c_str(), llama_model_default_params());
+  REQUIRE(m != nullptr);
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = 4096;
+  cp.n_batch = 512;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  llama_context* ctx = llama_init_from_model(m, cp);
+  REQUIRE(ctx != nullptr);
+  std::vector<float> out;
+  for (std::size_t done = 0; done < tokens.size();) {
+    const std::size_t n = std::min<std::size_t>(512, tokens.size() - done);
+    llama_batch b = llama_batch_init(static_cast<std::int32_t>(n), 0, 1);
+    b.n_tokens = static_cast<std::int32_t>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      b.token[i] = tokens[done + i];
+      b.pos[i] = static_cast<llama_pos>(done + i);
+      b.n_seq_id[i] = 1;
+      b.seq_id[i][0] = 0;
+      b.logits[i] = done + i + 1 == tokens.size();
+    }
+    REQUIRE(llama_decode(ctx, b) == 0);
+    if (done + n == tokens.size()) {
+      const float* z = llama_get_logits_ith(ctx, static_cast<std::int32_t>(n - 1));
+      out.assign(z, z + llama_vocab_n_tokens(llama_model_get_vocab(m)));
+    }
+    llama_batch_free(b);
+    done += n;
+  }
+  llama_free(ctx);
+  llama_model_free(m);
+  return out;
+}
+
+kvfuse::TokenSet all_rows(std::int64_t n) {
+  kvfuse::TokenSet rows;
+  for (std::int64_t t = 0; t < n; ++t) rows.push_back(t);
+  return rows;
+}
+
+// The K and V values of a sequence state of llama.cpp (cells without extension data), per cache section (one, or
+// two with sliding-window layers: the global layers' cache, then the local layers'), per layer, as floats.
+struct StateSection {
+  std::vector<std::vector<float>> k, v;  // per layer of the section
+};
+std::vector<StateSection> state_values(const std::vector<std::byte>& bytes, std::int64_t cells) {
+  std::size_t at = 8;  // magic, sequence id
+  const auto u32 = [&] {
+    std::uint32_t v;
+    std::memcpy(&v, bytes.data() + at, 4);
+    at += 4;
+    return v;
+  };
+  const auto u64 = [&] {
+    std::uint64_t v;
+    std::memcpy(&v, bytes.data() + at, 8);
+    at += 8;
+    return v;
+  };
+  const auto values = [&](std::uint32_t type, std::size_t count) {
+    REQUIRE((type == GGML_TYPE_F16 || type == GGML_TYPE_F32));
+    std::vector<float> out;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (type == GGML_TYPE_F32) {
+        float f;
+        std::memcpy(&f, bytes.data() + at, 4);
+        out.push_back(f);
+        at += 4;
+      } else {
+        ggml_fp16_t h;
+        std::memcpy(&h, bytes.data() + at, 2);
+        out.push_back(ggml_fp16_to_fp32(h));
+        at += 2;
+      }
+    }
+    return out;
+  };
+  std::vector<StateSection> sections;
+  while (at < bytes.size()) {
+    StateSection sec;
+    REQUIRE(u32() == 1);  // streams
+    REQUIRE(u32() == static_cast<std::uint32_t>(cells));
+    for (std::int64_t c = 0; c < cells; ++c) {
+      (void)u32();  // position
+      const std::uint32_t n_seq = u32();
+      at += 4u * n_seq;
+    }
+    const std::uint32_t v_trans = u32();
+    const std::uint32_t n_layer = u32();
+    for (std::uint32_t l = 0; l < n_layer; ++l) {
+      const std::uint32_t type = u32();
+      const std::uint64_t row = u64();
+      sec.k.push_back(values(type, static_cast<std::size_t>(row * cells / (type == GGML_TYPE_F32 ? 4 : 2))));
+    }
+    for (std::uint32_t l = 0; l < n_layer; ++l) {
+      const std::uint32_t type = u32();
+      if (v_trans != 0) {
+        const std::uint32_t el = u32();
+        const std::uint32_t n_embd = u32();
+        REQUIRE(el == (type == GGML_TYPE_F32 ? 4u : 2u));
+        sec.v.push_back(values(type, static_cast<std::size_t>(n_embd) * cells));
+      } else {
+        const std::uint64_t row = u64();
+        sec.v.push_back(values(type, static_cast<std::size_t>(row * cells / (type == GGML_TYPE_F32 ? 4 : 2))));
+      }
+    }
+    sections.push_back(std::move(sec));
+  }
+  REQUIRE(at == bytes.size());
+  return sections;
+}
+
+// max |a − b| / max |b|
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::abs(double(a[i]) - b[i]));
+    m = std::max(m, std::abs(double(b[i])));
+  }
+  return d / m;
+}
+
+void for_each_model(const auto& body) {
+  for (RealModel which : {RealModel::smollm2, RealModel::gemma3}) {
+    const auto path = kvfuse_test::real_model(true, which);
+    if (!path) continue;
+    CAPTURE(path->filename().string());
+    body(*path);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("real model: llama.cpp: kvfuse's full prefill and a 100 % recompute over loaded chunks equal llama.cpp's "
+          "own prefill") {
+  for_each_model([](const std::filesystem::path& model) {
+    const RealPrompt p = rag_prompt(model, kPassages);
+    const auto n = static_cast<std::int64_t>(p.tokens.size());
+    const std::vector<float> reference = llama_cpp_prefill(model, p.tokens);
+
+    LlamaCppFusion engine(model, {.n_ctx = 2048});
+    kvfuse::InMemoryKVStore store;
+    kvfuse::FusionPipeline pipeline(engine, store);
+    const kvfuse::FusionResult full = pipeline.run(p.tokens, p.layout, kvfuse::FullRecompute{});
+    CHECK(rel_error(full.logits, reference) < 1e-4);
+    CHECK(engine.request_cells() == n);
+
+    // Every chunk loaded from its isolated cache and shifted into place, then every row recomputed.
+    engine.begin(p.tokens);
+    for (const kvfuse::PromptChunk& c : p.layout.chunks) {
+      const kvfuse::KVBlock block = engine.chunk_kv(
+          std::span(p.tokens).subspan(static_cast<std::size_t>(c.range.begin), static_cast<std::size_t>(c.range.size())),
+          0);
+      engine.load_rows(c.range, block);
+      if (c.range.begin != 0) engine.shift_rows(c.range, c.range.begin);
+    }
+    const std::vector<float> recomputed = engine.prefill(all_rows(n));
+    CHECK(rel_error(recomputed, reference) < 1e-4);
+    CHECK(kvfuse::argmax_token(recomputed) == kvfuse::argmax_token(reference));
+    CHECK(engine.request_cells() == n);  // every row once: the loaded copies were dropped
+  });
+}
+
+TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals the chunk computed alone at p") {
+  for_each_model([](const std::filesystem::path& model) {
+    const RealPrompt p = rag_prompt(model, kPassages);
+    const kvfuse::TokenRange c = p.layout.chunks[2].range;  // the second passage
+    const auto chunk = std::span(p.tokens).subspan(static_cast<std::size_t>(c.begin), static_cast<std::size_t>(c.size()));
+    for (ggml_type kv : {GGML_TYPE_F32, GGML_TYPE_F16}) {
+      CAPTURE(ggml_type_name(kv));
+      LlamaCppFusion engine(model, {.n_ctx = 2048, .kv_type = kv});
+      // The chunk's rows in a prompt that recomputes everything else: the query's logits and the chunk's stored KV.
+      const auto run = [&](const kvfuse::KVBlock& block) {
+        engine.begin(p.tokens);
+        engine.load_rows(c, block);
+        if (block.first_position != c.begin) engine.shift_rows(c, c.begin - block.first_position);
+        kvfuse::TokenSet rows;
+        for (std::int64_t t = 0; t < static_cast<std::int64_t>(p.tokens.size()); ++t)
+          if (!c.contains(t)) rows.push_back(t);
+        std::vector<float> logits = engine.prefill(rows);
+        return std::pair{logits, engine.save_rows(c)};
+      };
+      const auto [shifted_logits, shifted] = run(engine.chunk_kv(chunk, 0));
+      const auto [direct_logits, direct] = run(engine.chunk_kv(chunk, c.begin));
+      REQUIRE(shifted.bytes.size() == direct.bytes.size());
+      const std::vector<StateSection> a = state_values(shifted.bytes, c.size());
+      const std::vector<StateSection> b = state_values(direct.bytes, c.size());
+      // Layer 0's K depends on the token and its position only: the shift is exact to the rounding of the
+      // rotation (and of the f16 cell). Deeper layers go through attention, where llama.cpp quantizes the
+      // activations to 8 bits for its quantized weights: a rounding difference anywhere flips some of those
+      // roundings, and that is the floor the rest is compared at (the same floor separates two placements of the
+      // same cells: FusionPipeline results on llama.cpp are reproducible only to it).
+      const double tol0 = kv == GGML_TYPE_F32 ? 1e-5 : 2e-3;
+      CHECK(max_rel(a.back().k[0], b.back().k[0]) < tol0);
+      CHECK(max_rel(a.back().v[0], b.back().v[0]) < tol0);
+      double worst = 0;
+      for (std::size_t sec = 0; sec < a.size(); ++sec)
+        for (std::size_t l = 0; l < a[sec].k.size(); ++l)
+          worst = std::max({worst, max_rel(a[sec].k[l], b[sec].k[l]), max_rel(a[sec].v[l], b[sec].v[l])});
+      MESSAGE("largest difference over all layers " << worst << ", logits " << rel_error(shifted_logits, direct_logits));
+      CHECK(worst < 0.15);
+      CHECK(rel_error(shifted_logits, direct_logits) < 0.1);
+      CHECK(kvfuse::argmax_token(shifted_logits) == kvfuse::argmax_token(direct_logits));
+    }
+  });
+}
+
+TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows and closes most of naive reuse's gap") {
+  for_each_model([](const std::filesystem::path& model) {
+    const RealPrompt p = rag_prompt(model, kPassages);
+    LlamaCppFusion engine(model, {.n_ctx = 2048});
+    kvfuse::InMemoryKVStore store;
+    kvfuse::FusionPipeline pipeline(engine, store);
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+    const kvfuse::FusionResult full = pipeline.run(p.tokens, p.layout, kvfuse::FullRecompute{});
+    const kvfuse::FusionResult naive = pipeline.run(p.tokens, p.layout, kvfuse::NaiveReuse{});
+    CHECK(engine.last_prefill_rows() == naive.plan.initial);
+    const kvfuse::FusionMethod attnlink = kvfuse::parse_method("attnlink@16");
+    const kvfuse::FusionPlan plan = pipeline.plan(p.tokens, p.layout, attnlink);
+    const kvfuse::FusionResult linked = pipeline.run(p.tokens, p.layout, attnlink);
+    CHECK(linked.plan.initial == plan.initial);
+    CHECK(engine.last_prefill_rows() == plan.initial);
+    CHECK(engine.request_cells() == static_cast<std::int64_t>(p.tokens.size()));
+    CHECK(linked.rejected_entries == 0);
+    const double kl_naive = kvfuse::eval::kl_divergence(full.logits, naive.logits);
+    const double kl_linked = kvfuse::eval::kl_divergence(full.logits, linked.logits);
+    MESSAGE("KL vs full prefill: naive " << kl_naive << ", attnlink@16 " << kl_linked);
+    CHECK(kl_naive > 0.0);
+    CHECK(kl_linked < kl_naive);
+
+    // CacheBlend changes the set per layer: refused for this backend by name.
+    CHECK_THROWS_WITH_AS(pipeline.run(p.tokens, p.layout, kvfuse::parse_method("cacheblend")),
+                         doctest::Contains("changes the recomputed set per layer"), kvfuse::error);
+  });
+}
+
+TEST_CASE("real model: llama.cpp: corrupt and foreign store entries are refused and recomputed") {
+  const auto model = kvfuse_test::real_model(true, RealModel::smollm2);
+  if (!model) return;
+  const RealPrompt p = rag_prompt(*model, kPassages);
+  LlamaCppFusion engine(*model, {.n_ctx = 2048});
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kvfuse-llamacpp-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  kvfuse::FusionResult clean;
+  {
+    kvfuse::DiskKVStore disk(dir);
+    kvfuse::FusionPipeline pipeline(engine, disk);
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+    clean = pipeline.run(p.tokens, p.layout, kvfuse::NaiveReuse{});
+    CHECK(clean.rejected_entries == 0);
+
+    // One payload byte flipped in the second passage's entry: its checksum fails, it is recomputed and put back.
+    const kvfuse::PromptChunk& c = p.layout.chunks[2];
+    const std::filesystem::path entry = disk.path_for(pipeline.isolated_key(
+        std::span(p.tokens).subspan(static_cast<std::size_t>(c.range.begin), static_cast<std::size_t>(c.range.size()))));
+    REQUIRE(std::filesystem::exists(entry));
+    {
+      std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(entry) - 100));
+      char b = 0;
+      f.read(&b, 1);
+      f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(entry) - 100));
+      b = static_cast<char>(b ^ 0x40);
+      f.write(&b, 1);
+    }
+    const kvfuse::FusionResult corrupt = pipeline.run(p.tokens, p.layout, kvfuse::NaiveReuse{});
+    CHECK(corrupt.rejected_entries == 1);
+    CHECK(rel_error(corrupt.logits, clean.logits) < 0.05);  // the cells sit elsewhere (see the shift test)
+    CHECK(kvfuse::argmax_token(corrupt.logits) == kvfuse::argmax_token(clean.logits));
+    MESSAGE("recomputed entry: logits differ by " << rel_error(corrupt.logits, clean.logits));
+    CHECK(pipeline.run(p.tokens, p.layout, kvfuse::NaiveReuse{}).rejected_entries == 0);  // put back
+  }
+  std::filesystem::remove_all(dir);
+
+  // Another model's block under this model's key (same tokens): refused by its size, recomputed.
+  const auto gemma = kvfuse_test::real_model(true, RealModel::gemma3);
+  if (gemma) {
+    LlamaCppFusion other(*gemma, {.n_ctx = 1024});
+    CHECK(other.model_fingerprint() != engine.model_fingerprint());
+    kvfuse::InMemoryKVStore store;
+    kvfuse::FusionPipeline pipeline(engine, store);
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+    const kvfuse::PromptChunk& c = p.layout.chunks[1];
+    const auto chunk =
+        std::span(p.tokens).subspan(static_cast<std::size_t>(c.range.begin), static_cast<std::size_t>(c.range.size()));
+    store.put(pipeline.isolated_key(chunk), other.chunk_kv(chunk, 0));
+    const kvfuse::FusionResult foreign = pipeline.run(p.tokens, p.layout, kvfuse::NaiveReuse{});
+    CHECK(foreign.rejected_entries == 1);
+    CHECK(rel_error(foreign.logits, clean.logits) < 0.05);
+    CHECK(kvfuse::argmax_token(foreign.logits) == kvfuse::argmax_token(clean.logits));
+  }
+  // The fingerprint covers what fixes the stored layout: another KV type gets other keys.
+  LlamaCppFusion f32(*model, {.n_ctx = 256, .kv_type = GGML_TYPE_F32});
+  CHECK(f32.model_fingerprint() != engine.model_fingerprint());
+}
+
+TEST_CASE("real model: llama.cpp: attention statistics are llama.cpp's softmax, and Cache-Craft runs on them") {
+  for_each_model([](const std::filesystem::path& model) {
+    const RealPrompt p = rag_prompt(model, kPassages);
+    const auto n = static_cast<std::int64_t>(p.tokens.size());
+    LlamaCppFusion engine(model, {.n_ctx = 2048});
+    engine.begin(p.tokens);
+    std::vector<kvfuse::LayerAttention> layers;
+    const std::vector<float> logits = engine.prefill(
+        all_rows(n), p.layout, [&](std::int64_t l, kvfuse::LayerAttention a) {
+          CHECK(l == static_cast<std::int64_t>(layers.size()));
+          layers.push_back(std::move(a));
+        });
+    REQUIRE(static_cast<std::int64_t>(layers.size()) == engine.num_layers());
+    CHECK(rel_error(logits, llama_cpp_prefill(model, p.tokens)) < 1e-4);
+    // Each row's weights sum to 1 per head: the mass over all groups is the same for every row and layer.
+    const double heads = [&] {
+      double s = 0;
+      for (std::int64_t g = 0; g < layers[0].num_groups; ++g) s += layers[0].at(0, static_cast<std::size_t>(g));
+      return s;
+    }();
+    CHECK(heads == doctest::Approx(std::round(heads)).epsilon(1e-4));
+    for (const kvfuse::LayerAttention& a : layers)
+      for (std::int64_t row = 0; row < n; row += 17) {
+        double s = 0;
+        for (std::int64_t g = 0; g < a.num_groups; ++g) s += a.at(static_cast<std::size_t>(row), static_cast<std::size_t>(g));
+        CHECK(s == doctest::Approx(heads).epsilon(1e-3));
+        CHECK(a.self_mass[static_cast<std::size_t>(row)] <= s + 1e-4);
+      }
+    // Row 0 sees only itself.
+    CHECK(layers[0].self_mass[0] == doctest::Approx(heads).epsilon(1e-4));
+
+    // Cache-Craft: variants recorded from an earlier prompt (passages reordered), then the fixed-set run.
+    std::vector<std::string> earlier = kPassages;
+    std::reverse(earlier.begin() + 1, earlier.end());
+    const RealPrompt warm = rag_prompt(model, earlier);
+    kvfuse::InMemoryKVStore store;
+    kvfuse::FusionPipeline pipeline(engine, store);
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+    pipeline.record_context(warm.tokens, warm.layout);
+    CHECK(pipeline.variants().size() == p.layout.chunks.size());
+    const kvfuse::FusionResult full = pipeline.run(p.tokens, p.layout, kvfuse::FullRecompute{});
+    const kvfuse::FusionResult naive = pipeline.run(p.tokens, p.layout, kvfuse::NaiveReuse{});
+    const kvfuse::FusionResult craft = pipeline.run(p.tokens, p.layout, kvfuse::parse_method("cachecraft-nofocus"));
+    CHECK(engine.last_prefill_rows() == craft.plan.initial);
+    CHECK(craft.recompute_fraction < 0.9);
+    const double kl_naive = kvfuse::eval::kl_divergence(full.logits, naive.logits);
+    const double kl_craft = kvfuse::eval::kl_divergence(full.logits, craft.logits);
+    MESSAGE("KL vs full prefill: naive " << kl_naive << ", cachecraft " << kl_craft);
+    CHECK(kl_craft < kl_naive);
+  });
+}
+
+TEST_CASE("real model: llama.cpp: teacher forcing and greedy decoding continue the prompt's KV") {
+  const auto model = kvfuse_test::real_model(true, RealModel::smollm2);
+  if (!model) return;
+  const RealPrompt p = rag_prompt(*model, kPassages);
+  LlamaCppFusion engine(*model, {.n_ctx = 2048});
+  kvfuse::InMemoryKVStore store;
+  kvfuse::FusionPipeline pipeline(engine, store);
+  const kvfuse::FusionResult full = pipeline.run(p.tokens, p.layout, kvfuse::FullRecompute{});
+  const std::vector<kvfuse::token_id> answer = engine.greedy(full.logits, 6, -1);
+  REQUIRE(answer.size() == 6);
+  engine.truncate_to_prompt();
+  const auto forced = engine.forced_logits(full.logits, answer);
+  engine.truncate_to_prompt();
+  REQUIRE(forced.size() == answer.size());
+  for (std::size_t i = 0; i < answer.size(); ++i) CHECK(kvfuse::argmax_token(forced[i]) == answer[i]);
+  // The prompt with the first three answer tokens, prefilled by llama.cpp alone: the fourth distribution.
+  std::vector<kvfuse::token_id> longer = p.tokens;
+  longer.insert(longer.end(), answer.begin(), answer.begin() + 3);
+  CHECK(rel_error(forced[3], llama_cpp_prefill(*model, longer)) < 1e-4);
+  CHECK(engine.request_cells() == static_cast<std::int64_t>(p.tokens.size()));
+}
