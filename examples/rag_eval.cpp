@@ -69,6 +69,10 @@
 #include "kvfuse/eval/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 
+#if KVFUSE_WITH_LLAMACPP
+#include "kvfuse/llamacpp.hpp"
+#endif
+
 #include "musique.hpp"
 
 namespace {
@@ -82,10 +86,13 @@ using kvfuse_example::split;
 constexpr std::string_view kDefaultMethods =
     "full,prefix,naive,cacheblend,queryaware,attnlink,cachecraft,cacheblend@0.05,cacheblend@0.3,cacheblend@0.5,"
     "queryaware@0.15:0.5,attnlink@4,attnlink@64,cachecraft@0.5,cachecraft@2";
+// On llama.cpp (a fixed-set engine: no per-layer selection, so no CacheBlend, QueryAware or focus termination).
+constexpr std::string_view kDefaultLlamaCppMethods =
+    "full,prefix,naive,attnlink,attnlink@4,attnlink@64,cachecraft-nofocus,cachecraft@0.5-nofocus";
 constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
 
 struct Options {
-  std::string data, model, out = "rag-eval", cache_dir, store;
+  std::string data, model, out = "rag-eval", cache_dir, store, engine = "kvfuse";
   double link_mbps = 0.0, link_latency_ms = 0.0;
   bool pipeline = true;
   std::int64_t split_tokens = 0;
@@ -106,7 +113,7 @@ kvfuse::DType parse_dtype(std::string_view v) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  std::string methods(kDefaultMethods);
+  std::string methods;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
     if (flag == "--no-plot") {
@@ -121,6 +128,7 @@ Options parse(int argc, char** argv) {
     const std::string_view v = argv[++i];
     if (flag == "--data") o.data = v;
     else if (flag == "--model") o.model = v;
+    else if (flag == "--engine") o.engine = v;
     else if (flag == "--methods") methods = v;
     else if (flag == "--out") o.out = v;
     else if (flag == "--cache-dir") o.cache_dir = v;
@@ -145,6 +153,14 @@ Options parse(int argc, char** argv) {
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
   }
   kvfuse::detail::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
+  kvfuse::detail::require(o.engine == "kvfuse" || o.engine == "llamacpp", "--engine: '{}' is not kvfuse or llamacpp",
+                          o.engine);
+#if !KVFUSE_WITH_LLAMACPP
+  kvfuse::detail::require(o.engine != "llamacpp",
+                          "--engine llamacpp: this kvfuse-rag-eval was built without the llama.cpp integration "
+                          "(configure with -DKVFUSE_LLAMACPP=ON after scripts/fetch_llamacpp.sh)");
+#endif
+  if (methods.empty()) methods = o.engine == "llamacpp" ? kDefaultLlamaCppMethods : kDefaultMethods;
   kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
   kvfuse::detail::require(o.max_passages >= 1, "--max-passages: {} must be >= 1", o.max_passages);
   if (o.store.empty()) o.store = o.cache_dir.empty() ? "memory" : "tiered";
@@ -166,7 +182,20 @@ Options parse(int argc, char** argv) {
   // Full prefill is the reference every other number is measured against: always run, first.
   std::erase(o.methods, std::string("full"));
   o.methods.insert(o.methods.begin(), "full");
-  for (const std::string& m : o.methods) (void)kvfuse::parse_method(m);  // refuse bad names before any work
+  for (const std::string& m : o.methods) {  // refuse bad names, and methods the engine cannot run, before any work
+    const kvfuse::FusionMethod method = kvfuse::parse_method(m);
+    const auto* craft = std::get_if<kvfuse::CacheCraft>(&method);
+    const bool per_layer = std::holds_alternative<kvfuse::CacheBlend>(method) ||
+                           std::holds_alternative<kvfuse::QueryAware>(method) ||
+                           (craft != nullptr && craft->focus_termination);
+    kvfuse::detail::require(o.engine != "llamacpp" || !per_layer,
+                            "--methods: '{}' changes the recomputed set per layer, which llama.cpp cannot (one set for "
+                            "every layer: full, prefix, naive, attnlink[@k], cachecraft[@alpha]-nofocus)",
+                            m);
+  }
+  kvfuse::detail::require(o.engine != "llamacpp" || (!o.calibrated && o.store_dtype == kvfuse::DType::f32),
+                          "--engine llamacpp: {} is for the kvfuse engine (llama.cpp keeps its own KV type)",
+                          o.calibrated ? "--calibrated" : "--store-dtype");
   o.calibration_budget.validate();
   kvfuse::detail::require(o.calibration_questions >= 1, "--calibration-questions: {} must be >= 1",
                           o.calibration_questions);
@@ -295,9 +324,6 @@ int main(int argc, char** argv) try {
   const std::vector<Question> questions = load_questions(o.data, o.start, o.limit, o.max_passages);
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
   const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
-  kvfuse::CpuLlamaOptions model_options;
-  model_options.threads = static_cast<int>(o.threads);
-  const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
   fs::create_directories(o.out);
 
   kvfuse::InMemoryKVStore memory;
@@ -332,243 +358,285 @@ int main(int argc, char** argv) try {
     const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
     return QuestionPrompts{prompt.tokens, warm.tokens, chunked(prompt.layout()), chunked(warm.layout())};
   };
-  kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
-
-  // The per-model correctness gate: each family named without a setting runs at its calibrated setting.
-  nlohmann::json calibration = nlohmann::json::object();
-  if (o.calibrated) {
-    const std::int64_t first = kvfuse_example::question_count(o.data) - o.calibration_questions;
-    kvfuse::detail::require(first >= o.start + o.limit,
-                            "--calibrated: the last {} questions of '{}' (from {}) calibrate, and --start {} --limit {} "
-                            "overlaps them",
-                            o.calibration_questions, o.data, first, o.start, o.limit);
-    kvfuse::InMemoryKVStore calibration_store;
-    kvfuse::FusionPipeline calibration_pipeline(engine, calibration_store);
-    std::vector<kvfuse::eval::CalibrationPrompt> samples;
-    for (const Question& q : load_questions(o.data, first, o.calibration_questions, o.max_passages)) {
-      const QuestionPrompts p = prompts_of(q);
-      calibration_pipeline.store_chunk_caches(p.tokens, p.layout);
-      calibration_pipeline.record_context(p.warm_tokens, p.warm_layout);
-      samples.push_back({p.tokens, p.layout});
-    }
-    kvfuse::eval::TeacherForcedEvaluator evaluator(model, calibration_pipeline, samples, o.max_new_tokens, tok.eos());
-    const fs::path dir = kvfuse_example::cache_dir() / "calibration";
-    std::vector<std::string> kept;
-    for (const std::string& name : o.methods) {
-      if (name != "cacheblend" && name != "attnlink" && name != "cachecraft" && name != "queryaware") {
-        kept.push_back(name);
-        continue;
-      }
-      const fs::path path = kvfuse::eval::calibration_file(dir, engine.model_fingerprint(), name,
-                                                           o.calibration_budget, evaluator.samples_hash());
-      std::optional<kvfuse::Calibration> c;
-      if (fs::exists(path)) {
-        try {
-          c = kvfuse::eval::load_calibration(path, engine.model_fingerprint(), name, o.calibration_budget,
-                                             evaluator.samples_hash());
-        } catch (const kvfuse::error& e) {
-          fmt::print(stderr, "calibration: recalibrating, the cached result is unusable: {}\n", e.what());
+  std::string table;  // results.md's table, printed at the end
+  // Everything after the model is loaded, on either engine: kvfuse's CPU backend (CpuLlamaFusion, with `model`)
+  // or llama.cpp (LlamaCppFusion).
+  const auto run_engine = [&](auto& engine, const kvfuse::CpuLlama* model, int threads) {
+    constexpr bool kCpu = std::is_same_v<std::remove_cvref_t<decltype(engine)>, kvfuse::CpuLlamaFusion>;
+    // The per-model correctness gate: each family named without a setting runs at its calibrated setting.
+    nlohmann::json calibration = nlohmann::json::object();
+    if constexpr (kCpu) {
+      if (o.calibrated) {
+        const std::int64_t first = kvfuse_example::question_count(o.data) - o.calibration_questions;
+        kvfuse::detail::require(first >= o.start + o.limit,
+                                "--calibrated: the last {} questions of '{}' (from {}) calibrate, and --start {} --limit {} "
+                                "overlaps them",
+                                o.calibration_questions, o.data, first, o.start, o.limit);
+        kvfuse::InMemoryKVStore calibration_store;
+        kvfuse::FusionPipeline calibration_pipeline(engine, calibration_store);
+        std::vector<kvfuse::eval::CalibrationPrompt> samples;
+        for (const Question& q : load_questions(o.data, first, o.calibration_questions, o.max_passages)) {
+          const QuestionPrompts p = prompts_of(q);
+          calibration_pipeline.store_chunk_caches(p.tokens, p.layout);
+          calibration_pipeline.record_context(p.warm_tokens, p.warm_layout);
+          samples.push_back({p.tokens, p.layout});
         }
+        kvfuse::eval::TeacherForcedEvaluator evaluator(*model, calibration_pipeline, samples, o.max_new_tokens, tok.eos());
+        const fs::path dir = kvfuse_example::cache_dir() / "calibration";
+        std::vector<std::string> kept;
+        for (const std::string& name : o.methods) {
+          if (name != "cacheblend" && name != "attnlink" && name != "cachecraft" && name != "queryaware") {
+            kept.push_back(name);
+            continue;
+          }
+          const fs::path path = kvfuse::eval::calibration_file(dir, engine.model_fingerprint(), name,
+                                                               o.calibration_budget, evaluator.samples_hash());
+          std::optional<kvfuse::Calibration> c;
+          if (fs::exists(path)) {
+            try {
+              c = kvfuse::eval::load_calibration(path, engine.model_fingerprint(), name, o.calibration_budget,
+                                                 evaluator.samples_hash());
+            } catch (const kvfuse::error& e) {
+              fmt::print(stderr, "calibration: recalibrating, the cached result is unusable: {}\n", e.what());
+            }
+          }
+          const bool cached = c.has_value();
+          if (!c) {
+            c = kvfuse::calibrate(engine.model_fingerprint(), name, o.calibration_budget, evaluator);
+            kvfuse::eval::save_calibration(path, *c, evaluator.samples_hash());
+          }
+          nlohmann::json points = nlohmann::json::array();
+          for (const kvfuse::CalibrationPoint& p : c->points)
+            points.push_back({{"method", p.method}, {"recompute_fraction", p.measure.recompute_fraction},
+                              {"kl_answer_mean", p.measure.kl_answer_mean}, {"top1_answer_agreement", p.measure.top1_agreement},
+                              {"within_budget", p.within_budget}});
+          calibration[name] = {{"chosen", c->chosen ? nlohmann::json(*c->chosen) : nlohmann::json()},
+                               {"cached", cached}, {"points", points}};
+          if (c->chosen) {
+            fmt::print(stderr, "calibration: {} -> {}{}\n", name, *c->chosen, cached ? " (cached)" : "");
+            if (std::find(kept.begin(), kept.end(), *c->chosen) == kept.end() &&
+                std::find(o.methods.begin(), o.methods.end(), *c->chosen) == o.methods.end())
+              kept.push_back(*c->chosen);
+          } else {
+            try {
+              (void)c->method();
+            } catch (const kvfuse::error& e) {
+              fmt::print(stderr, "calibration: {}; not run\n", e.what());
+            }
+          }
+        }
+        o.methods = kept;
       }
-      const bool cached = c.has_value();
-      if (!c) {
-        c = kvfuse::calibrate(engine.model_fingerprint(), name, o.calibration_budget, evaluator);
-        kvfuse::eval::save_calibration(path, *c, evaluator.samples_hash());
+    }
+
+    std::vector<kvfuse::FusionMethod> methods;
+    for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
+
+    // results.json and results.md over the questions done so far: written after each question, so that an
+    // interrupted run keeps what it measured.
+    nlohmann::json results;
+    const auto write_results = [&] {
+      results = nlohmann::json();
+      results["model"] = fs::path(o.model).filename().string();
+      results["store_dtype"] = kvfuse::dtype_name(o.store_dtype);
+      results["questions"] = per_question.size();
+      results["passages_per_question"] = o.max_passages;
+      results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(per_question.size());
+      results["offline_ms_mean"] = offline_ms / static_cast<double>(per_question.size());
+      results["chunk_caches_computed"] = chunk_caches_computed;
+      results["engine"] = o.engine;
+      results["threads"] = threads;
+      results["store"] = o.store;
+      results["link_mbps"] = o.link_mbps;
+      results["link_latency_ms"] = o.link_latency_ms;
+      results["pipeline"] = o.pipeline;
+      results["split_tokens"] = o.split_tokens;
+      if (o.calibrated) {
+        results["calibration"] = calibration;
+        results["calibration_budget"] = {{"max_kl_answer", o.calibration_budget.max_kl_answer},
+                                         {"min_top1_agreement", o.calibration_budget.min_top1_agreement},
+                                         {"questions", o.calibration_questions}};
       }
-      nlohmann::json points = nlohmann::json::array();
-      for (const kvfuse::CalibrationPoint& p : c->points)
-        points.push_back({{"method", p.method}, {"recompute_fraction", p.measure.recompute_fraction},
-                          {"kl_answer_mean", p.measure.kl_answer_mean}, {"top1_answer_agreement", p.measure.top1_agreement},
-                          {"within_budget", p.within_budget}});
-      calibration[name] = {{"chosen", c->chosen ? nlohmann::json(*c->chosen) : nlohmann::json()},
-                           {"cached", cached}, {"points", points}};
-      if (c->chosen) {
-        fmt::print(stderr, "calibration: {} -> {}{}\n", name, *c->chosen, cached ? " (cached)" : "");
-        if (std::find(kept.begin(), kept.end(), *c->chosen) == kept.end() &&
-            std::find(o.methods.begin(), o.methods.end(), *c->chosen) == o.methods.end())
-          kept.push_back(*c->chosen);
+      for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
+      // Share of naive reuse's KL gap to full prefill that a method closes (from the means): 1 − KL_m / KL_naive.
+      if (results["methods"].contains("naive") && results["methods"]["naive"]["kl_first_token"].get<double>() > 0.0) {
+        const double naive_kl = results["methods"]["naive"]["kl_first_token"].get<double>();
+        for (const std::string& m : o.methods)
+          results["methods"][m]["kl_gap_recovered_vs_naive"] =
+              1.0 - results["methods"][m]["kl_first_token"].get<double>() / naive_kl;
+      }
+      // The same over the teacher-forced answer: gap_closed = 1 − KL_answer(method) / KL_answer(naive).
+      if (results["methods"].contains("naive") && results["methods"]["naive"].contains("kl_answer_mean") &&
+          results["methods"]["naive"]["kl_answer_mean"].get<double>() > 0.0) {
+        const double naive_kl = results["methods"]["naive"]["kl_answer_mean"].get<double>();
+        for (const std::string& m : o.methods)
+          results["methods"][m]["gap_closed"] = 1.0 - results["methods"][m]["kl_answer_mean"].get<double>() / naive_kl;
+      }
+      results["per_question"] = per_question;
+      {
+        std::ofstream js(fs::path(o.out) / "results.json");
+        js << results.dump(2) << "\n";
+        kvfuse::detail::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
+      }
+      table = markdown_table(results, o.methods);
+      {
+        std::ofstream md(fs::path(o.out) / "results.md");
+        md << fmt::format("{} on {} MuSiQue questions ({} passages, {:.0f} prompt tokens on average); means over "
+                          "questions, TTFT ratio measured against full prefill in the same run.\n\n",
+                          results["model"].get<std::string>(), per_question.size(), o.max_passages,
+                          results["mean_prompt_tokens"].get<double>())
+           << table;
+      }
+      if (o.plot) write_plot(o.out, results, o.methods);
+    };
+
+    const auto evaluate = [&](auto& pipeline) {
+      for (std::size_t qi = 0; qi < questions.size(); ++qi) {
+        const Question& q = questions[qi];
+        const QuestionPrompts prompt = prompts_of(q);
+        const kvfuse::PromptLayout& layout = prompt.layout;
+        const auto n = static_cast<std::int64_t>(prompt.tokens.size());
+        total_tokens += n;
+
+        // Offline: isolated chunk caches, and the earlier prompt's in-context KV.
+        auto t0 = std::chrono::steady_clock::now();
+        const std::int64_t computed = pipeline.store_chunk_caches(prompt.tokens, layout);
+        chunk_caches_computed += computed;
+        pipeline.record_context(prompt.warm_tokens, prompt.warm_layout);
+        const double q_offline = kvfuse::detail::ms_since(t0);
+        offline_ms += q_offline;
+
+        nlohmann::json qj{{"index", o.start + static_cast<std::int64_t>(qi)}, {"tokens", n},
+                          {"question", q.question}, {"gold", q.answers}, {"offline_ms", q_offline},
+                          {"chunk_caches_computed", computed}};
+        std::vector<float> full_logits;
+        std::vector<kvfuse::token_id> full_ids;         // the full-prefill greedy answer
+        std::vector<std::vector<float>> full_forced;   // full prefill's distributions over it
+        std::string full_answer;
+        double full_ms = 0.0;
+        std::string progress;
+        for (std::size_t mi = 0; mi < methods.size(); ++mi) {
+          kvfuse::FusionResult r = pipeline.run(prompt.tokens, layout, methods[mi]);
+          const double ttft = r.time.ttft_ms();
+          // The greedy answer, then teacher forcing: the full-prefill answer's tokens fed after this method's KV
+          // (and after full prefill's), each from the prompt's KV.
+          std::vector<kvfuse::token_id> ids;
+          std::vector<std::vector<float>> forced;
+          const auto answer_of = [&](std::span<const kvfuse::token_id> prompt_answer) {
+            if constexpr (kCpu) {
+              const kvfuse::LlamaKVCache prompt_kv = engine.kv();
+              ids = model->greedy_decode(engine.kv(), r.logits, o.max_new_tokens, tok.eos());
+              kvfuse::LlamaKVCache forced_kv = prompt_kv;
+              forced = model->forced_logits(forced_kv, r.logits, prompt_answer.empty() ? ids : prompt_answer);
+            } else {
+              ids = engine.greedy(r.logits, o.max_new_tokens, tok.eos());
+              engine.truncate_to_prompt();
+              forced = engine.forced_logits(r.logits, prompt_answer.empty() ? ids : prompt_answer);
+              engine.truncate_to_prompt();
+            }
+          };
+          answer_of(full_ids);
+          const std::string answer = answer_text(tok, ids);
+          if (mi == 0) {
+            full_logits = r.logits;
+            full_answer = answer;
+            full_ms = ttft;
+            full_ids = ids;
+          }
+          if (mi == 0) full_forced = forced;
+          std::map<std::string, double> m{
+              {"ttft_ms", ttft},
+              {"ttft_ratio_vs_full", ttft / full_ms},
+              {"recompute_fraction", r.recompute_fraction},
+              {"kl_first_token", kvfuse::eval::kl_divergence(full_logits, r.logits)},
+              {"exact_match_vs_full", kvfuse::eval::exact_match(answer, full_answer) ? 1.0 : 0.0},
+              {"rouge_l_vs_full", kvfuse::eval::rouge_l(answer, full_answer)},
+              {"f1_vs_gold", kvfuse::eval::max_token_f1(answer, q.answers)},
+              {"plan_ms", r.time.plan_ms},
+              {"load_ms", r.time.load_ms},
+              {"shift_ms", r.time.shift_ms},
+              {"prefill_ms", r.time.prefill_ms},
+              {"rejected_entries", static_cast<double>(r.rejected_entries)},
+              {"load_read_ms", r.load.layerwise ? r.load.read_ms() : r.time.load_ms},
+              {"load_wait_ms", r.load.layerwise ? r.load.wait_ms() + r.time.load_ms : r.time.load_ms},
+              {"layerwise", r.load.layerwise ? 1.0 : 0.0},
+          };
+          if (r.load.layerwise) m["preload_depth"] = static_cast<double>(r.load.depth);
+          if (r.controller) m["controller_ratio"] = r.controller->ratio;
+          if (r.tier) m["tier_placement"] = static_cast<double>(r.tier->device.value_or(0));  // 0 memory, 1 disk
+          if (r.focus) m["focus_cutoff_layer"] = static_cast<double>(r.focus->cutoff_layer);
+          if (!full_ids.empty()) {
+            const kvfuse::eval::TeacherForced tf = kvfuse::eval::teacher_forced(full_forced, forced);
+            m["kl_answer_mean"] = tf.kl_mean;
+            m["top1_answer_agreement"] = tf.top1_agreement;
+          }
+          sums[o.methods[mi]].add(m);
+          nlohmann::json mj(m);
+          mj["answer"] = answer;
+          if (qi == 0 && r.load.layerwise) {  // the per-layer trace of the first question's request
+            for (const kvfuse::LayerLoadTiming& t : r.load.layers)
+              mj["layers"].push_back({{"read_ms", t.read_ms}, {"wait_ms", t.wait_ms}, {"install_ms", t.install_ms},
+                                      {"compute_ms", t.compute_ms}, {"policy_ms", t.policy_ms}});
+          }
+          qj["methods"][o.methods[mi]] = mj;
+          progress += fmt::format(" {} {:.2f}x", o.methods[mi], m["ttft_ratio_vs_full"]);
+        }
+        per_question.push_back(qj);
+        fmt::print(stderr, "[{}/{}] question {}: {} tokens, full {:.1f} s, offline {:.1f} s;{}\n", qi + 1,
+                   questions.size(), o.start + static_cast<std::int64_t>(qi), n, full_ms / 1000.0, q_offline / 1000.0,
+                   progress);
+        memory.clear();  // bound memory: the disk tier (if any) keeps the entries
+        write_results();
+      }
+    };
+    const auto run_on = [&](auto& store) {
+      kvfuse::FusionPipeline pipeline(engine, store, {}, load);
+      evaluate(pipeline);
+    };
+    // The link stands in front of the store, or of the disk tier only (memory stays local).
+    const auto with_link = [&](auto& store, auto&& then) {
+      if (linked) {
+        kvfuse::ThrottledKVStore slow(store, link);
+        then(slow);
       } else {
-        try {
-          (void)c->method();
-        } catch (const kvfuse::error& e) {
-          fmt::print(stderr, "calibration: {}; not run\n", e.what());
-        }
+        then(store);
       }
-    }
-    o.methods = kept;
-  }
-
-  std::vector<kvfuse::FusionMethod> methods;
-  for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
-
-  // results.json and results.md over the questions done so far: written after each question, so that an
-  // interrupted run keeps what it measured.
-  nlohmann::json results;
-  std::string table;
-  const auto write_results = [&] {
-    results = nlohmann::json();
-    results["model"] = fs::path(o.model).filename().string();
-    results["store_dtype"] = kvfuse::dtype_name(o.store_dtype);
-    results["questions"] = per_question.size();
-    results["passages_per_question"] = o.max_passages;
-    results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(per_question.size());
-    results["offline_ms_mean"] = offline_ms / static_cast<double>(per_question.size());
-    results["chunk_caches_computed"] = chunk_caches_computed;
-    results["threads"] = model.threads();
-    results["store"] = o.store;
-    results["link_mbps"] = o.link_mbps;
-    results["link_latency_ms"] = o.link_latency_ms;
-    results["pipeline"] = o.pipeline;
-    results["split_tokens"] = o.split_tokens;
-    if (o.calibrated) {
-      results["calibration"] = calibration;
-      results["calibration_budget"] = {{"max_kl_answer", o.calibration_budget.max_kl_answer},
-                                       {"min_top1_agreement", o.calibration_budget.min_top1_agreement},
-                                       {"questions", o.calibration_questions}};
-    }
-    for (const std::string& m : o.methods) results["methods"][m] = sums[m].mean();
-    // Share of naive reuse's KL gap to full prefill that a method closes (from the means): 1 − KL_m / KL_naive.
-    if (results["methods"].contains("naive") && results["methods"]["naive"]["kl_first_token"].get<double>() > 0.0) {
-      const double naive_kl = results["methods"]["naive"]["kl_first_token"].get<double>();
-      for (const std::string& m : o.methods)
-        results["methods"][m]["kl_gap_recovered_vs_naive"] =
-            1.0 - results["methods"][m]["kl_first_token"].get<double>() / naive_kl;
-    }
-    // The same over the teacher-forced answer: gap_closed = 1 − KL_answer(method) / KL_answer(naive).
-    if (results["methods"].contains("naive") && results["methods"]["naive"].contains("kl_answer_mean") &&
-        results["methods"]["naive"]["kl_answer_mean"].get<double>() > 0.0) {
-      const double naive_kl = results["methods"]["naive"]["kl_answer_mean"].get<double>();
-      for (const std::string& m : o.methods)
-        results["methods"][m]["gap_closed"] = 1.0 - results["methods"][m]["kl_answer_mean"].get<double>() / naive_kl;
-    }
-    results["per_question"] = per_question;
-    {
-      std::ofstream js(fs::path(o.out) / "results.json");
-      js << results.dump(2) << "\n";
-      kvfuse::detail::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
-    }
-    table = markdown_table(results, o.methods);
-    {
-      std::ofstream md(fs::path(o.out) / "results.md");
-      md << fmt::format("{} on {} MuSiQue questions ({} passages, {:.0f} prompt tokens on average); means over "
-                        "questions, TTFT ratio measured against full prefill in the same run.\n\n",
-                        results["model"].get<std::string>(), per_question.size(), o.max_passages,
-                        results["mean_prompt_tokens"].get<double>())
-         << table;
-    }
-    if (o.plot) write_plot(o.out, results, o.methods);
-  };
-
-  const auto evaluate = [&](auto& pipeline) {
-    for (std::size_t qi = 0; qi < questions.size(); ++qi) {
-      const Question& q = questions[qi];
-      const QuestionPrompts prompt = prompts_of(q);
-      const kvfuse::PromptLayout& layout = prompt.layout;
-      const auto n = static_cast<std::int64_t>(prompt.tokens.size());
-      total_tokens += n;
-
-      // Offline: isolated chunk caches, and the earlier prompt's in-context KV.
-      auto t0 = std::chrono::steady_clock::now();
-      const std::int64_t computed = pipeline.store_chunk_caches(prompt.tokens, layout);
-      chunk_caches_computed += computed;
-      pipeline.record_context(prompt.warm_tokens, prompt.warm_layout);
-      const double q_offline = kvfuse::detail::ms_since(t0);
-      offline_ms += q_offline;
-
-      nlohmann::json qj{{"index", o.start + static_cast<std::int64_t>(qi)}, {"tokens", n},
-                        {"question", q.question}, {"gold", q.answers}, {"offline_ms", q_offline},
-                        {"chunk_caches_computed", computed}};
-      std::vector<float> full_logits;
-      std::vector<kvfuse::token_id> full_ids;         // the full-prefill greedy answer
-      std::vector<std::vector<float>> full_forced;   // full prefill's distributions over it
-      std::string full_answer;
-      double full_ms = 0.0;
-      std::string progress;
-      for (std::size_t mi = 0; mi < methods.size(); ++mi) {
-        kvfuse::FusionResult r = pipeline.run(prompt.tokens, layout, methods[mi]);
-        const double ttft = r.time.ttft_ms();
-        const kvfuse::LlamaKVCache prompt_kv = pipeline.backend().kv();
-        const std::vector<kvfuse::token_id> ids =
-            model.greedy_decode(pipeline.backend().kv(), r.logits, o.max_new_tokens, tok.eos());
-        const std::string answer = answer_text(tok, ids);
-        if (mi == 0) {
-          full_logits = r.logits;
-          full_answer = answer;
-          full_ms = ttft;
-          full_ids = ids;
-        }
-        // Teacher forcing: the full-prefill answer's tokens fed after this method's KV (and after full prefill's).
-        kvfuse::LlamaKVCache forced_kv = prompt_kv;
-        const std::vector<std::vector<float>> forced = model.forced_logits(forced_kv, r.logits, full_ids);
-        if (mi == 0) full_forced = forced;
-        std::map<std::string, double> m{
-            {"ttft_ms", ttft},
-            {"ttft_ratio_vs_full", ttft / full_ms},
-            {"recompute_fraction", r.recompute_fraction},
-            {"kl_first_token", kvfuse::eval::kl_divergence(full_logits, r.logits)},
-            {"exact_match_vs_full", kvfuse::eval::exact_match(answer, full_answer) ? 1.0 : 0.0},
-            {"rouge_l_vs_full", kvfuse::eval::rouge_l(answer, full_answer)},
-            {"f1_vs_gold", kvfuse::eval::max_token_f1(answer, q.answers)},
-            {"plan_ms", r.time.plan_ms},
-            {"load_ms", r.time.load_ms},
-            {"shift_ms", r.time.shift_ms},
-            {"prefill_ms", r.time.prefill_ms},
-            {"rejected_entries", static_cast<double>(r.rejected_entries)},
-            {"load_read_ms", r.load.layerwise ? r.load.read_ms() : r.time.load_ms},
-            {"load_wait_ms", r.load.layerwise ? r.load.wait_ms() + r.time.load_ms : r.time.load_ms},
-            {"layerwise", r.load.layerwise ? 1.0 : 0.0},
-        };
-        if (r.load.layerwise) m["preload_depth"] = static_cast<double>(r.load.depth);
-        if (r.controller) m["controller_ratio"] = r.controller->ratio;
-        if (r.tier) m["tier_placement"] = static_cast<double>(r.tier->device.value_or(0));  // 0 memory, 1 disk
-        if (r.focus) m["focus_cutoff_layer"] = static_cast<double>(r.focus->cutoff_layer);
-        if (!full_ids.empty()) {
-          const kvfuse::eval::TeacherForced tf = kvfuse::eval::teacher_forced(full_forced, forced);
-          m["kl_answer_mean"] = tf.kl_mean;
-          m["top1_answer_agreement"] = tf.top1_agreement;
-        }
-        sums[o.methods[mi]].add(m);
-        nlohmann::json mj(m);
-        mj["answer"] = answer;
-        if (qi == 0 && r.load.layerwise) {  // the per-layer trace of the first question's request
-          for (const kvfuse::LayerLoadTiming& t : r.load.layers)
-            mj["layers"].push_back({{"read_ms", t.read_ms}, {"wait_ms", t.wait_ms}, {"install_ms", t.install_ms},
-                                    {"compute_ms", t.compute_ms}, {"policy_ms", t.policy_ms}});
-        }
-        qj["methods"][o.methods[mi]] = mj;
-        progress += fmt::format(" {} {:.2f}x", o.methods[mi], m["ttft_ratio_vs_full"]);
-      }
-      per_question.push_back(qj);
-      fmt::print(stderr, "[{}/{}] question {}: {} tokens, full {:.1f} s, offline {:.1f} s;{}\n", qi + 1,
-                 questions.size(), o.start + static_cast<std::int64_t>(qi), n, full_ms / 1000.0, q_offline / 1000.0,
-                 progress);
-      memory.clear();  // bound memory: the disk tier (if any) keeps the entries
-      write_results();
-    }
-  };
-  const auto run_on = [&](auto& store) {
-    kvfuse::FusionPipeline pipeline(engine, store, {}, load);
-    evaluate(pipeline);
-  };
-  // The link stands in front of the store, or of the disk tier only (memory stays local).
-  const auto with_link = [&](auto& store, auto&& then) {
-    if (linked) {
-      kvfuse::ThrottledKVStore slow(store, link);
-      then(slow);
+    };
+    if (o.store == "tiered") {
+      with_link(*disk, [&](auto& slow) {
+        kvfuse::TieredKVStore tiered(memory, slow);
+        run_on(tiered);
+      });
+    } else if (disk) {
+      with_link(*disk, run_on);
     } else {
-      then(store);
+      with_link(memory, run_on);
     }
   };
-  if (o.store == "tiered") {
-    with_link(*disk, [&](auto& slow) {
-      kvfuse::TieredKVStore tiered(memory, slow);
-      run_on(tiered);
-    });
-  } else if (disk) {
-    with_link(*disk, run_on);
-  } else {
-    with_link(memory, run_on);
+  if (o.engine == "kvfuse") {
+    kvfuse::CpuLlamaOptions model_options;
+    model_options.threads = static_cast<int>(o.threads);
+    const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+    kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
+    run_engine(engine, &model, model.threads());
   }
+#if KVFUSE_WITH_LLAMACPP
+  if (o.engine == "llamacpp") {
+    // The context holds the longest prompt, a chunk cache computed while a request is assembled, and the answer.
+    std::size_t cells = 0;
+    for (const Question& q : questions) {
+      const QuestionPrompts p = prompts_of(q);
+      std::int64_t longest_chunk = 0;
+      for (const kvfuse::PromptChunk& c : p.layout.chunks) longest_chunk = std::max(longest_chunk, c.range.size());
+      cells = std::max(cells, p.tokens.size() + static_cast<std::size_t>(longest_chunk + o.max_new_tokens));
+    }
+    kvfuse::llamacpp::LlamaCppOptions options;
+    options.threads = static_cast<int>(o.threads);
+    options.n_ctx = static_cast<std::uint32_t>((cells + 64 + 255) / 256 * 256);
+    kvfuse::llamacpp::LlamaCppFusion engine(o.model, options);
+    run_engine(engine, nullptr, engine.threads());
+  }
+#endif
 
   fmt::print("{}", table);
   fmt::print("wrote {}/results.json, results.md{}\n", o.out, o.plot ? ", fidelity_ttft.png" : "");

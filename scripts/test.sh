@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command that sets up everything and runs every test kvfuse has:
 #   1. scripts/deps.sh                      missing apt packages and Conan 2
-#   2. cmake --workflow --preset ci         Release, -Werror, CUDA compiled, benchmarks built, all tests
+#   2. cmake --workflow --preset ci         Release, -Werror, CUDA compiled, benchmarks built, the llama.cpp
+#                                           integration built from its source (scripts/fetch_llamacpp.sh), all tests
 #   3. cmake --workflow --preset sanitize   Debug, ASan + UBSan, host tests
 #   4. conan create (cuda=False, cuda=True) the Conan package and its test_package
 # Stops at the first failure and prints a summary either way. Parallelism follows the machine
@@ -59,6 +60,12 @@ step "models (scripts/fetch_model.sh all)" bash scripts/fetch_model.sh all
 KVFUSE_MODEL=$(bash scripts/fetch_model.sh smollm2)
 KVFUSE_GEMMA3_MODEL=$(bash scripts/fetch_model.sh gemma3)
 export KVFUSE_MODEL KVFUSE_GEMMA3_MODEL
+
+# llama.cpp's source for the integration (integrations/llamacpp; the ci preset builds it): the copy vendored in the
+# llama-cpp-python sdist on PyPI, sha256-checked, cached. CMake reads the path from the environment.
+step "llama.cpp source (scripts/fetch_llamacpp.sh)" bash scripts/fetch_llamacpp.sh
+KVFUSE_LLAMACPP_SOURCE=$(bash scripts/fetch_llamacpp.sh)
+export KVFUSE_LLAMACPP_SOURCE
 
 jobs=$(nproc 2>/dev/null || echo 2)
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs}
