@@ -438,7 +438,7 @@ int main(int argc, char** argv) try {
     const auto write_results = [&] {
       results = nlohmann::json();
       results["model"] = fs::path(o.model).filename().string();
-      results["store_dtype"] = kvfuse::dtype_name(o.store_dtype);
+      results["store_dtype"] = kCpu ? kvfuse::dtype_name(o.store_dtype) : "f16";  // llama.cpp's KV cache type
       results["questions"] = per_question.size();
       results["passages_per_question"] = o.max_passages;
       results["mean_prompt_tokens"] = static_cast<double>(total_tokens) / static_cast<double>(per_question.size());

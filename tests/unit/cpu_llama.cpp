@@ -89,7 +89,8 @@ Reference reference_forward(const LlamaConfig& c, const LlamaWeights& w, const s
   using Vec = std::vector<double>;
   const auto n = static_cast<std::int64_t>(tokens.size());
   const std::int64_t e = c.n_embd, hd = c.head_dim;
-  const auto matvec = [](const RowMatrix& m, const Vec& x) {
+  const auto matvec = [](const kvfuse::WeightMatrix& w_m, const Vec& x) {
+    const RowMatrix m = w_m.dense();
     Vec y(static_cast<std::size_t>(m.rows()), 0.0);
     for (Eigen::Index o = 0; o < m.rows(); ++o)
       for (Eigen::Index i = 0; i < m.cols(); ++i)
@@ -118,11 +119,11 @@ Reference reference_forward(const LlamaConfig& c, const LlamaWeights& w, const s
 
   Reference ref;
   std::vector<Vec> h(static_cast<std::size_t>(n));
+  const RowMatrix embd = w.token_embd.dense();
   for (std::int64_t t = 0; t < n; ++t) {
     h[static_cast<std::size_t>(t)].resize(static_cast<std::size_t>(e));
     for (std::int64_t i = 0; i < e; ++i)
-      h[static_cast<std::size_t>(t)][static_cast<std::size_t>(i)] =
-          w.token_embd(tokens[static_cast<std::size_t>(t)], i);
+      h[static_cast<std::size_t>(t)][static_cast<std::size_t>(i)] = embd(tokens[static_cast<std::size_t>(t)], i);
   }
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const kvfuse::LlamaLayerWeights& lw = w.layers[static_cast<std::size_t>(l)];
@@ -216,21 +217,21 @@ std::vector<std::byte> tiny_gguf(const LlamaConfig& c, const LlamaWeights& w, Ed
   g.f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_eps));
   g.u32("llama.rope.dimension_count", static_cast<std::uint32_t>(c.head_dim));
   edit(g);
-  g.matrix("token_embd.weight", w.token_embd);
+  g.matrix("token_embd.weight", w.token_embd.dense());
   g.vector("output_norm.weight", w.output_norm);
-  if (untied) g.matrix("output.weight", w.output_head());
+  if (untied) g.matrix("output.weight", w.output_head().dense());
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const kvfuse::LlamaLayerWeights& lw = w.layers[l];
     const std::string p = "blk." + std::to_string(l) + ".";
     g.vector(p + "attn_norm.weight", lw.attn_norm);
-    g.matrix(p + "attn_q.weight", lw.wq);
-    g.matrix(p + "attn_k.weight", lw.wk);
-    g.matrix(p + "attn_v.weight", lw.wv);
-    g.matrix(p + "attn_output.weight", lw.wo);
+    g.matrix(p + "attn_q.weight", lw.wq.dense());
+    g.matrix(p + "attn_k.weight", lw.wk.dense());
+    g.matrix(p + "attn_v.weight", lw.wv.dense());
+    g.matrix(p + "attn_output.weight", lw.wo.dense());
     g.vector(p + "ffn_norm.weight", lw.ffn_norm);
-    g.matrix(p + "ffn_gate.weight", lw.w_gate);
-    g.matrix(p + "ffn_up.weight", lw.w_up);
-    g.matrix(p + "ffn_down.weight", lw.w_down);
+    g.matrix(p + "ffn_gate.weight", lw.w_gate.dense());
+    g.matrix(p + "ffn_up.weight", lw.w_up.dense());
+    g.matrix(p + "ffn_down.weight", lw.w_down.dense());
   }
   return g.bytes();
 }
@@ -764,14 +765,14 @@ TEST_CASE("LlamaConfig / LlamaWeights from a GGUF file: [ne0 = in, ne1 = out] we
   CHECK(loaded.config().n_vocab == 64);  // from token_embd.weight: no llama.vocab_size key
   CHECK(loaded.config().rope_pairing == RopePairing::interleaved);
   CHECK(loaded.weights().output.size() == 0);  // tied
-  CHECK(loaded.weights().layers[1].wk == w.layers[1].wk);
+  CHECK(loaded.weights().layers[1].wk.dense() == w.layers[1].wk.dense());
   CHECK(loaded.fingerprint() == direct.fingerprint());
   CHECK(loaded.full_prefill(tokens).logits == direct.full_prefill(tokens).logits);
 
   const std::vector<std::byte> untied = tiny_gguf(
       c, w, [](GGUFWriter&) {}, true);
   const kvfuse::GGUFFile untied_file = kvfuse::GGUFFile::parse(untied);
-  CHECK(LlamaWeights::from_gguf(untied_file, c).output == w.token_embd);
+  CHECK(LlamaWeights::from_gguf(untied_file, c).output.dense() == w.token_embd.dense());
 
   // Linear scaling and rope_freqs factors are read.
   const float factors[4] = {1, 1, 2, 4};
@@ -816,7 +817,7 @@ TEST_CASE("LlamaConfig / LlamaWeights from a GGUF file: [ne0 = in, ne1 = out] we
           (void)LlamaConfig::from_gguf(kvfuse::GGUFFile::parse(gqa));
         }).find("n_head = 4 is not a multiple of n_head_kv = 3") != std::string::npos);
   LlamaWeights broken = w;
-  broken.layers[1].w_up = w.layers[1].w_up.transpose();
+  broken.layers[1].w_up = w.layers[1].w_up.dense().transpose();
   const std::vector<std::byte> transposed = tiny_gguf(c, broken, [](GGUFWriter&) {});
   CHECK(error_of([&] {
           (void)LlamaWeights::from_gguf(kvfuse::GGUFFile::parse(transposed), c);

@@ -98,7 +98,8 @@ Reference reference_forward(const LlamaConfig& c, const LlamaWeights& w, const s
   const auto n = static_cast<std::int64_t>(tokens.size());
   const std::int64_t e = c.n_embd, hd = c.head_dim;
   const auto at = [](auto& v, std::int64_t i) -> auto& { return v[static_cast<std::size_t>(i)]; };
-  const auto matvec = [](const RowMatrix& m, const Vec& x) {
+  const auto matvec = [](const kvfuse::WeightMatrix& w_m, const Vec& x) {
+    const RowMatrix m = w_m.dense();
     Vec y(static_cast<std::size_t>(m.rows()), 0.0);
     for (Eigen::Index o = 0; o < m.rows(); ++o)
       for (Eigen::Index i = 0; i < m.cols(); ++i)
@@ -130,8 +131,9 @@ Reference reference_forward(const LlamaConfig& c, const LlamaWeights& w, const s
 
   Reference ref;
   std::vector<Vec> h(static_cast<std::size_t>(n), Vec(static_cast<std::size_t>(e)));
+  const RowMatrix embd = w.token_embd.dense();
   for (std::int64_t t = 0; t < n; ++t)
-    for (std::int64_t i = 0; i < e; ++i) at(at(h, t), i) = w.token_embd(at(tokens, t), i) * c.embedding_scale;
+    for (std::int64_t i = 0; i < e; ++i) at(at(h, t), i) = embd(at(tokens, t), i) * c.embedding_scale;
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const kvfuse::LlamaLayerWeights& lw = w.layers[static_cast<std::size_t>(l)];
     const bool local = c.is_local(l);
@@ -225,23 +227,23 @@ std::vector<std::byte> tiny_gemma3_gguf(const LlamaConfig& c, const LlamaWeights
   u32("gemma3.attention.sliding_window", c.sliding_window);
   u32("gemma3.attention.sliding_window_pattern", 3);
   f32("gemma3.final_logit_softcapping", c.final_logit_softcap);
-  g.matrix("token_embd.weight", w.token_embd);
+  g.matrix("token_embd.weight", w.token_embd.dense());
   g.vector("output_norm.weight", w.output_norm);
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const kvfuse::LlamaLayerWeights& lw = w.layers[l];
     const std::string p = "blk." + std::to_string(l) + ".";
     g.vector(p + "attn_norm.weight", lw.attn_norm);
-    g.matrix(p + "attn_q.weight", lw.wq);
-    g.matrix(p + "attn_k.weight", lw.wk);
-    g.matrix(p + "attn_v.weight", lw.wv);
-    g.matrix(p + "attn_output.weight", lw.wo);
+    g.matrix(p + "attn_q.weight", lw.wq.dense());
+    g.matrix(p + "attn_k.weight", lw.wk.dense());
+    g.matrix(p + "attn_v.weight", lw.wv.dense());
+    g.matrix(p + "attn_output.weight", lw.wo.dense());
     g.vector(p + "attn_q_norm.weight", lw.attn_q_norm);
     g.vector(p + "attn_k_norm.weight", lw.attn_k_norm);
     g.vector(p + "post_attention_norm.weight", lw.attn_post_norm);
     g.vector(p + "ffn_norm.weight", lw.ffn_norm);
-    g.matrix(p + "ffn_gate.weight", lw.w_gate);
-    g.matrix(p + "ffn_up.weight", lw.w_up);
-    g.matrix(p + "ffn_down.weight", lw.w_down);
+    g.matrix(p + "ffn_gate.weight", lw.w_gate.dense());
+    g.matrix(p + "ffn_up.weight", lw.w_up.dense());
+    g.matrix(p + "ffn_down.weight", lw.w_down.dense());
     g.vector(p + "post_ffw_norm.weight", lw.ffn_post_norm);
   }
   return g.bytes();

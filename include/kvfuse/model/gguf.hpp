@@ -438,6 +438,12 @@ class MappedFile {
     return {static_cast<const std::uint8_t*>(addr_), size_};
   }
 
+  // Drops the mapped pages from this process's memory (MADV_DONTNEED): the mapping stays valid and a later
+  // read faults them back in from the file, unchanged (a read-only private mapping is never written).
+  void release_pages() const noexcept {
+    if (addr_ != nullptr) (void)::madvise(addr_, size_, MADV_DONTNEED);
+  }
+
  private:
   void unmap() noexcept {
     if (addr_ != nullptr) ::munmap(addr_, size_);
@@ -464,6 +470,11 @@ class GGUFFile {
     }
     return file;
   }
+
+  // A reader that copied what it needs (CpuLlama::from_gguf) gives the mapped pages back: the file's bytes stay
+  // readable (faulted in again on access), they just stop counting in this process's resident memory.
+  // Nothing for a GGUFFile over caller-owned bytes (parse).
+  void release_pages() const noexcept { mapping_.release_pages(); }
 
   // Parses bytes the caller owns (tests, fuzzing, embedded models); they must outlive the GGUFFile.
   [[nodiscard]] static GGUFFile parse(std::span<const std::byte> bytes) {

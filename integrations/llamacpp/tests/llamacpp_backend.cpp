@@ -4,6 +4,7 @@
 // and the attention statistics Cache-Craft profiles with are llama.cpp's softmax.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"

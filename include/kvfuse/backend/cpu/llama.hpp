@@ -34,7 +34,11 @@
 // and its CPU reference run. RoPE: θ_i from rope_frequencies (core/rope.hpp), the double-angle rotation of
 // detail/rope.hpp.
 //
-// Threads: matrix products are split over output features and attention over (head, block of queries) on a
+// Weights stay in the GGUF file's format (WeightMatrix, backend/cpu/weight_matrix.hpp): a product dequantizes
+// W a panel of 16 output features at a time and multiplies all rows of x by it; the dense loops (matrix
+// products, softmax) are detail/cpu_kernels.hpp's, AVX2 + FMA where the CPU has them whatever the build's flags.
+//
+// Threads: matrix products are split over output features and attention over (KV head, block of queries) on a
 // detail::WorkerPool of CpuLlamaOptions::threads threads. One CpuLlama may be used from several threads at
 // once (the const operations do not modify it); concurrent calls share the pool (see worker_pool.hpp).
 
@@ -61,6 +65,7 @@
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/detail/attention.hpp"
+#include "kvfuse/detail/cpu_kernels.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/detail/math.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
@@ -118,6 +123,7 @@ class CpuLlama {
   [[nodiscard]] static CpuLlama from_gguf(const GGUFFile& file, CpuLlamaOptions options = {}) {
     LlamaConfig config = LlamaConfig::from_gguf(file);
     LlamaWeights weights = LlamaWeights::from_gguf(file, config);
+    file.release_pages();  // the weights are copied: the file's pages need not stay resident beside them
     return CpuLlama(std::move(config), std::move(weights), options);
   }
 
@@ -346,16 +352,59 @@ class CpuLlama {
     return work < kParallelWork ? 1 : std::max<std::int64_t>(1, std::min<std::int64_t>(pool_->size(), max_tasks));
   }
 
-  // y = x W^T, split over the rows of W (output features).
-  void project(const RowMatrix& x, const RowMatrix& w, RowMatrix& y) const {
-    y.resize(x.rows(), w.rows());
+  // y = x W^T, split over the rows of W (output features) in whole panels: each task packs its rows of W
+  // (dequantized) into `panels` (detail/cpu_kernels.hpp's layout, one buffer per call of run) and multiplies
+  // every row of x by them.
+  void project(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y, std::vector<float>& panels) const {
+    const std::int64_t m = x.rows();
     const std::int64_t out = w.rows();
-    const std::int64_t tasks = tasks_for(x.rows() * w.rows() * w.cols(), out / 32);
+    const std::int64_t k = w.cols();
+    y.resize(m, out);
+    const std::int64_t n_panels = (out + detail::kPanelWidth - 1) / detail::kPanelWidth;
+    panels.resize(static_cast<std::size_t>(detail::packed_size(k, out)));
+    const std::int64_t tasks = tasks_for(m * out * k, n_panels);
     pool_->parallel_for(tasks, [&](std::int64_t t) {
-      const std::int64_t c0 = out * t / tasks;
-      const std::int64_t c1 = out * (t + 1) / tasks;
-      y.middleCols(c0, c1 - c0).noalias() = x * w.middleRows(c0, c1 - c0).transpose();
+      const std::int64_t c0 = n_panels * t / tasks * detail::kPanelWidth;
+      const std::int64_t c1 = std::min(out, n_panels * (t + 1) / tasks * detail::kPanelWidth);
+      float* mine = panels.data() + c0 * k;
+      pack_weight_rows(w, c0, c1, mine);
+      detail::gemm_packed(x.data(), k, m, k, mine, c1 - c0, y.data() + c0, out);
     });
+  }
+
+  // Rows to dequantize at once: a panel (pack_weight_rows), a tile of the output head (matvec_rows).
+  static constexpr std::int64_t kHeadTile = 64;
+
+  // The packed panels of W^T for rows [r0, r1) of W, dequantized a panel at a time.
+  static void pack_weight_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, float* panels) {
+    const std::int64_t k = w.cols();
+    if (w.is_f32()) {
+      detail::pack_transposed(w.values().data() + r0 * k, k, r1 - r0, k, panels);
+      return;
+    }
+    thread_local std::vector<float> rows;
+    rows.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
+    for (std::int64_t r = r0; r < r1; r += detail::kPanelWidth) {
+      const std::int64_t n = std::min(detail::kPanelWidth, r1 - r);
+      w.dequantize_rows(r, n, rows.data());
+      detail::pack_transposed(rows.data(), k, n, k, panels + (r - r0) * k);
+    }
+  }
+
+  // y[j − r0] = W[j] · x for rows j in [r0, r1) of W (the output head), dequantized kHeadTile rows at a time.
+  static void matvec_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, const float* x, float* y) {
+    const std::int64_t k = w.cols();
+    if (w.is_f32()) {
+      detail::gemv(w.values().data() + r0 * k, k, r1 - r0, k, x, y);
+      return;
+    }
+    thread_local std::vector<float> rows;
+    rows.resize(static_cast<std::size_t>(kHeadTile * k));
+    for (std::int64_t r = r0; r < r1; r += kHeadTile) {
+      const std::int64_t n = std::min(kHeadTile, r1 - r);
+      w.dequantize_rows(r, n, rows.data());
+      detail::gemv(rows.data(), k, n, k, x, y + (r - r0));
+    }
   }
 
   // y = RMSNorm(x) ⊙ weight, row by row.
@@ -392,7 +441,6 @@ class CpuLlama {
                  const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats,
                  TokenRange query, std::vector<float>* query_mass) const {
     using StridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
-    using StridedOut = Eigen::Map<RowMatrix, 0, Eigen::OuterStride<>>;
     const auto s = static_cast<std::int64_t>(sel.size());
     const std::int64_t hd = config_.head_dim;
     const std::int64_t qd = config_.q_dim();
@@ -445,29 +493,19 @@ class CpuLlama {
     if (query_mass != nullptr) head_query.assign(static_cast<std::size_t>(n_head * query_blocks * n_rows), 0.0);
     // Base-2 scores (detail/attention.hpp): q·k · scale · log2(e).
     const float factor = detail::attention_score_factor(config_.attention_score_scale());
-    const auto head_block = [&](std::int64_t task) {
-      const std::int64_t h = task / blocks;
-      const std::int64_t b = task % blocks;
-      const std::int64_t i0 = b * bs;
-      const std::int64_t m = std::min(s, i0 + bs) - i0;
-      const std::int64_t r0 = first[static_cast<std::size_t>(b)];
-      const std::int64_t nk = keys[static_cast<std::size_t>(b)] - r0;  // score j is row r0 + j
-      const std::int64_t g = h / group;                                // GQA: consecutive query heads share a KV head
-      const StridedMap k(kv.k_row(layer, r0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
-      const StridedMap v(kv.v_row(layer, r0) + g * hd, nk, hd, Eigen::OuterStride<>(kvd));
-      const StridedMap qh(q.data() + i0 * qd + h * hd, m, hd, Eigen::OuterStride<>(qd));
-      RowMatrix p(m, nk);
-      p.noalias() = qh * k.transpose();
-      std::vector<double> acc(static_cast<std::size_t>(num_groups));
+    // Scores p ([m][nk], row i: query i0 + i against rows r0 ..) of head h, block b -> probabilities, in place:
+    // the exact (windowed) causal mask, softmax, and the statistics the caller asked for.
+    const auto attend_rows = [&](std::int64_t h, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t r0,
+                                 std::int64_t nk, float* p, std::vector<double>& acc) {
       for (std::int64_t i = 0; i < m; ++i) {
         const std::int64_t row = sel[static_cast<std::size_t>(i0 + i)];
         const std::int64_t qpos = pos[static_cast<std::size_t>(row)];
-        float* w = p.row(i).data();
+        float* w = p + i * nk;
         for (std::int64_t r = 0; r < nk; ++r)  // exact (windowed) causal mask by position: −inf, probability 0
           w[r] = detail::attention_visible(pos[static_cast<std::size_t>(r0 + r)], qpos, window)
                      ? w[r] * factor
                      : detail::attention_neg_inf();
-        detail::attention_softmax_row(w, nk);  // the softmax of the kernels and their reference
+        detail::softmax_row(w, nk);  // the softmax of the kernels and their reference
         if (stats != nullptr) {
           std::fill(acc.begin(), acc.end(), 0.0);
           for (std::int64_t r = 0; r < nk; ++r)
@@ -482,17 +520,41 @@ class CpuLlama {
           for (std::int64_t r = 0; r < nk; ++r) col[r] += w[r];
         }
       }
-      StridedOut o(out.data() + i0 * qd + h * hd, m, hd, Eigen::OuterStride<>(qd));
-      o.noalias() = p * v;
+    };
+    // One task: KV head g (GQA: the consecutive query heads g·group .. g·group + group − 1 share it) and one
+    // block of queries; the K^T and V rows the block can see are packed once (detail/cpu_kernels.hpp) for all
+    // the group's heads, then per head: scores, mask, softmax, P V.
+    const auto group_block = [&](std::int64_t task) {
+      const std::int64_t g = task / blocks;
+      const std::int64_t b = task % blocks;
+      const std::int64_t i0 = b * bs;
+      const std::int64_t m = std::min(s, i0 + bs) - i0;
+      const std::int64_t r0 = first[static_cast<std::size_t>(b)];
+      const std::int64_t nk = keys[static_cast<std::size_t>(b)] - r0;  // score j is row r0 + j
+      thread_local std::vector<float> k_panels;
+      thread_local std::vector<float> v_panels;
+      thread_local std::vector<float> scores;
+      k_panels.resize(static_cast<std::size_t>(detail::packed_size(hd, nk)));
+      v_panels.resize(static_cast<std::size_t>(detail::packed_size(nk, hd)));
+      scores.resize(static_cast<std::size_t>(m * nk));
+      detail::pack_transposed(kv.k_row(layer, r0) + g * hd, kvd, nk, hd, k_panels.data());
+      detail::pack_rows(kv.v_row(layer, r0) + g * hd, kvd, nk, hd, v_panels.data());
+      std::vector<double> acc(static_cast<std::size_t>(num_groups));
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        detail::gemm_packed(q.data() + i0 * qd + h * hd, qd, m, hd, k_panels.data(), nk, scores.data(), nk);
+        attend_rows(h, b, i0, m, r0, nk, scores.data(), acc);
+        detail::gemm_packed(scores.data(), nk, m, nk, v_panels.data(), hd, out.data() + i0 * qd + h * hd, qd);
+      }
     };
     std::int64_t work = 0;  // multiply-adds of QK^T and PV
     for (std::int64_t b = 0; b < blocks; ++b)
       work += 2 * n_head * std::min(bs, s - b * bs) *
               (keys[static_cast<std::size_t>(b)] - first[static_cast<std::size_t>(b)]) * hd;
-    if (tasks_for(work, n_head * blocks) == 1) {
-      for (std::int64_t t = 0; t < n_head * blocks; ++t) head_block(t);
+    const std::int64_t n_tasks = config_.n_head_kv * blocks;
+    if (tasks_for(work, n_tasks) == 1) {
+      for (std::int64_t t = 0; t < n_tasks; ++t) group_block(t);
     } else {
-      pool_->parallel_for(n_head * blocks, head_block);
+      pool_->parallel_for(n_tasks, group_block);
     }
     // On a sliding-window layer the query rows see only the last `window` positions, which says nothing of
     // what they attend to in the rest of the prompt: the query mass is then the weight of the same query rows
@@ -562,7 +624,8 @@ class CpuLlama {
     auto s = static_cast<std::int64_t>(sel.size());
 
     RowMatrix h(s, e);
-    for (std::int64_t i = 0; i < s; ++i) h.row(i) = weights_.token_embd.row(sel_tokens[static_cast<std::size_t>(i)]);
+    for (std::int64_t i = 0; i < s; ++i)
+      weights_.token_embd.dequantize_rows(sel_tokens[static_cast<std::size_t>(i)], 1, h.row(i).data());
     if (config_.embedding_scale != 1.0) h *= static_cast<float>(config_.embedding_scale);
 
     // RoPE cos / sin of every S_0 row (double angle, detail/rope.hpp), one table per kind of layer
@@ -595,15 +658,16 @@ class CpuLlama {
     }
 
     RowMatrix x, q, k, v, att, tmp, gate, up;
+    std::vector<float> panels;  // project's dequantized weight panels
     std::vector<float> k_dev, v_dev, query_mass;
     LayerAttention stats;
     for (std::int64_t l = 0; l < config_.n_layer; ++l) {
       if (before_layer != nullptr) (*before_layer)(l);
       const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(l)];
       rms_norm(h, w.attn_norm, x);
-      project(x, w.wq, q);
-      project(x, w.wk, k);
-      project(x, w.wv, v);
+      project(x, w.wq, q, panels);
+      project(x, w.wk, k, panels);
+      project(x, w.wv, v, panels);
       if (gemma3) {
         rms_norm_heads(q, config_.n_head, w.attn_q_norm);
         rms_norm_heads(k, config_.n_head_kv, w.attn_k_norm);
@@ -644,7 +708,7 @@ class CpuLlama {
       }
       attention(l, kv, sel, q, att, groups != nullptr ? &group_of_row : nullptr, num_groups,
                 groups != nullptr ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass);
-      project(att, w.wo, tmp);
+      project(att, w.wo, tmp, panels);
       if (gemma3) {
         rms_norm(tmp, w.attn_post_norm, att);
         h += att;
@@ -652,14 +716,14 @@ class CpuLlama {
         h += tmp;
       }
       rms_norm(h, w.ffn_norm, x);
-      project(x, w.w_gate, gate);
-      project(x, w.w_up, up);
+      project(x, w.w_gate, gate, panels);
+      project(x, w.w_up, up, panels);
       if (gemma3) {
         gate = gate.unaryExpr([](float g) { return detail::gelu_tanh(g); }).cwiseProduct(up);  // GeGLU
       } else {
         gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
       }
-      project(gate, w.w_down, tmp);
+      project(gate, w.w_down, tmp, panels);
       if (gemma3) {
         rms_norm(tmp, w.ffn_post_norm, x);
         h += x;
@@ -696,14 +760,13 @@ class CpuLlama {
 
     RowMatrix last = h.row(s - 1);
     rms_norm(last, weights_.output_norm, x);
-    const RowMatrix& head = weights_.output_head();
+    const WeightMatrix& head = weights_.output_head();
     std::vector<float> logits(static_cast<std::size_t>(config_.n_vocab));
     const std::int64_t tasks = tasks_for(head.size(), config_.n_vocab / 256);
     pool_->parallel_for(tasks, [&](std::int64_t t) {
       const std::int64_t r0 = config_.n_vocab * t / tasks;
       const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
-      Eigen::Map<Eigen::VectorXf>(logits.data() + r0, r1 - r0).noalias() =
-          head.middleRows(r0, r1 - r0) * x.row(0).transpose();
+      matvec_rows(head, r0, r1, x.data(), logits.data() + r0);
     });
     if (config_.final_logit_softcap > 0) {
       const auto cap = static_cast<float>(config_.final_logit_softcap);
@@ -731,12 +794,21 @@ class CpuLlama {
       bytes(data, static_cast<std::size_t>(edge) * sizeof(float));
       bytes(data + size - edge, static_cast<std::size_t>(edge) * sizeof(float));
     };
-    tensor(weights_.token_embd.data(), weights_.token_embd.size());
+    // A matrix hashes as its fp32 values would: the same first / last values, dequantized.
+    const auto matrix = [&](const WeightMatrix& m) {
+      const std::int64_t size = m.size();
+      bytes(&size, sizeof size);
+      const std::int64_t edge = std::min<std::int64_t>(size, 16);
+      const std::vector<float> head = m.elements(0, edge);
+      const std::vector<float> tail = m.elements(size - edge, edge);
+      bytes(head.data(), head.size() * sizeof(float));
+      bytes(tail.data(), tail.size() * sizeof(float));
+    };
+    matrix(weights_.token_embd);
     tensor(weights_.output_norm.data(), weights_.output_norm.size());
-    if (weights_.output.size() != 0) tensor(weights_.output.data(), weights_.output.size());
+    if (weights_.output.size() != 0) matrix(weights_.output);
     for (const LlamaLayerWeights& w : weights_.layers) {
-      for (const RowMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down})
-        tensor(m->data(), m->size());
+      for (const WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) matrix(*m);
       tensor(w.attn_norm.data(), w.attn_norm.size());
       tensor(w.ffn_norm.data(), w.ffn_norm.size());
     }

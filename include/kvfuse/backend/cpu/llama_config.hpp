@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "kvfuse/backend/cpu/weight_matrix.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/rope.hpp"
 #include "kvfuse/core/types.hpp"
@@ -196,19 +197,18 @@ struct LlamaConfig {
   }
 };
 
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// Weights of one decoder block. Matrices are row-major [out][in], so a projection is y = W x.
+// Weights of one decoder block. Matrices are row-major [out][in], so a projection is y = W x; they are held as
+// the GGUF file stores them (WeightMatrix: fp32, or ggml blocks dequantized when used), norms in fp32.
 struct LlamaLayerWeights {
   Eigen::VectorXf attn_norm;  // [n_embd]
-  RowMatrix wq;               // [q_dim][n_embd]
-  RowMatrix wk;               // [kv_dim][n_embd]
-  RowMatrix wv;               // [kv_dim][n_embd]
-  RowMatrix wo;               // [n_embd][q_dim]
+  WeightMatrix wq;            // [q_dim][n_embd]
+  WeightMatrix wk;            // [kv_dim][n_embd]
+  WeightMatrix wv;            // [kv_dim][n_embd]
+  WeightMatrix wo;            // [n_embd][q_dim]
   Eigen::VectorXf ffn_norm;   // [n_embd]
-  RowMatrix w_gate;           // [n_ff][n_embd]
-  RowMatrix w_up;             // [n_ff][n_embd]
-  RowMatrix w_down;           // [n_embd][n_ff]
+  WeightMatrix w_gate;        // [n_ff][n_embd]
+  WeightMatrix w_up;          // [n_ff][n_embd]
+  WeightMatrix w_down;        // [n_embd][n_ff]
   // gemma3 only (empty for llama): the RMSNorm weights of each Q and each K head ([head_dim]), and of the
   // attention and MLP outputs before they join the residual stream ([n_embd]).
   Eigen::VectorXf attn_q_norm;
@@ -218,19 +218,19 @@ struct LlamaLayerWeights {
 };
 
 struct LlamaWeights {
-  RowMatrix token_embd;  // [n_vocab][n_embd]: row t embeds token t
+  WeightMatrix token_embd;  // [n_vocab][n_embd]: row t embeds token t
   Eigen::VectorXf output_norm;
-  RowMatrix output;  // [n_vocab][n_embd]; empty (0 x 0): tied to token_embd
+  WeightMatrix output;  // [n_vocab][n_embd]; empty (0 x 0): tied to token_embd
   std::vector<LlamaLayerWeights> layers;
 
-  [[nodiscard]] const RowMatrix& output_head() const noexcept { return output.size() == 0 ? token_embd : output; }
+  [[nodiscard]] const WeightMatrix& output_head() const noexcept { return output.size() == 0 ? token_embd : output; }
 
   // Shapes against `config`, and every value finite.
   void validate(const LlamaConfig& config) const {
-    const auto matrix = [](const RowMatrix& m, std::int64_t rows, std::int64_t cols, const std::string& name) {
+    const auto matrix = [](const WeightMatrix& m, std::int64_t rows, std::int64_t cols, const std::string& name) {
       detail::require(m.rows() == rows && m.cols() == cols, "LlamaWeights: {} is {} x {}, expected {} x {}", name,
                       m.rows(), m.cols(), rows, cols);
-      detail::require(m.allFinite(), "LlamaWeights: {} holds a value that is not finite", name);
+      detail::require(m.all_finite(), "LlamaWeights: {} holds a value that is not finite", name);
     };
     const auto vector = [](const Eigen::VectorXf& v, std::int64_t size, const std::string& name) {
       detail::require(v.size() == size, "LlamaWeights: {} has {} values, expected {}", name, v.size(), size);
@@ -269,13 +269,14 @@ struct LlamaWeights {
     }
   }
 
-  // The tensors of a GGUF Llama file dequantized to fp32: token_embd, output_norm, output (absent: tied to
+  // The tensors of a GGUF Llama file: token_embd, output_norm, output (absent: tied to
   // token_embd), blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
   // ffn_down}.weight, for gemma3 also blk.N.{attn_q_norm, attn_k_norm, post_attention_norm,
   // post_ffw_norm}.weight. The gemma3 norm weights are used as stored: llama.cpp's converter already added
   // the 1 of Gemma's RMSNorm (x · (1 + w)) to them. A 2-D ggml tensor has dims [ne0 = in, ne1 = out] with ne0
   // contiguous, which is exactly the row-major [out][in] matrix W of y = W x. Any other tensor (biases,
-  // experts, EmbeddingGemma's dense_2 / dense_3, ...) is refused.
+  // experts, EmbeddingGemma's dense_2 / dense_3, ...) is refused. Matrices keep
+  // the file's type (WeightMatrix::from_blocks, a copy of the bytes; fp32 ones as values), norms are read as fp32.
   [[nodiscard]] static LlamaWeights from_gguf(const GGUFFile& file, const LlamaConfig& config);
 
   // Deterministic pseudo-random weights for tests: matrices uniform in ±1/sqrt(in), norms in 1 ± 0.25,
@@ -487,9 +488,10 @@ inline LlamaWeights LlamaWeights::from_gguf(const GGUFFile& file, const LlamaCon
     detail::require(info.dims.size() == 2 && info.dims[0] == cols && info.dims[1] == rows,
                     "LlamaWeights: GGUF tensor '{}' has dims [{}], expected [{}, {}] (in, out)", name,
                     fmt::join(info.dims, ", "), cols, rows);
+    if (info.type != GGMLType::f32) return WeightMatrix::from_blocks(info.type, rows, cols, file.raw(info));
     RowMatrix m(rows, cols);
     file.dequantize_into(info, std::span<float>(m.data(), static_cast<std::size_t>(m.size())));
-    return m;
+    return WeightMatrix(std::move(m));
   };
   const auto vector = [&file](const std::string& name, std::int64_t size) {
     const GGUFTensorInfo& info = file.tensor(name);

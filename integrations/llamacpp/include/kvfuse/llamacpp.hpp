@@ -43,11 +43,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -590,10 +588,10 @@ class LlamaCppFusion {
   // ("kq_soft_max-<layer>", [n_kv][n_tokens][n_head], cells in position order in a new request's cache).
   static bool eval_callback(ggml_tensor* t, bool ask, void* user) {
     auto* self = static_cast<LlamaCppFusion*>(user);
-    if (self->stats_ == nullptr) return ask ? false : true;
+    if (self->stats_ == nullptr) return !ask;  // asked: not wanted; computed: go on
     const std::string_view name = ggml_get_name(t);
     constexpr std::string_view prefix = "kq_soft_max-";
-    if (name.substr(0, prefix.size()) != prefix) return ask ? false : true;
+    if (name.substr(0, prefix.size()) != prefix) return !ask;
     if (ask) return true;
     self->read_softmax(t, std::stoll(std::string(name.substr(prefix.size()))));
     return true;

@@ -1,0 +1,220 @@
+// The CPU backend's dispatched kernels (detail/cpu_kernels.hpp) against their portable versions and a double
+// reference, and WeightMatrix's on-the-fly dequantization (backend/cpu/weight_matrix.hpp) against dequantizing
+// the whole tensor at once: bit for bit, and through CpuLlama (a Q8_0 model equals its fp32 dequantization).
+#include "kvfuse/detail/cpu_kernels.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kvfuse/backend/cpu/llama.hpp"
+#include "kvfuse/backend/cpu/weight_matrix.hpp"
+#include "kvfuse/detail/ggml_quant.hpp"
+#include "../support/small_llama.hpp"
+
+namespace {
+
+namespace d = kvfuse::detail;
+using kvfuse::GGMLType;
+using kvfuse::WeightMatrix;
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Random ggml blocks of `type` for rows x cols, with every fp16 scale field set to `scale` (finite values).
+std::vector<std::byte> random_blocks(GGMLType type, std::int64_t rows, std::int64_t cols, std::mt19937& rng) {
+  const kvfuse::GGMLTypeTraits traits = kvfuse::ggml_type_traits(type);
+  const std::int64_t blocks = rows * cols / traits.block_size;
+  std::vector<std::byte> bytes(static_cast<std::size_t>(blocks * traits.type_size));
+  for (std::byte& b : bytes) b = static_cast<std::byte>(rng() & 0xff);
+  const auto put_scale = [&](std::int64_t at, std::uint16_t h) {
+    bytes[static_cast<std::size_t>(at)] = static_cast<std::byte>(h & 0xff);
+    bytes[static_cast<std::size_t>(at + 1)] = static_cast<std::byte>(h >> 8);
+  };
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t at = b * traits.type_size;
+    if (type == GGMLType::q8_0) put_scale(at, 0x2400);  // d = 2^-6
+    if (type == GGMLType::q4_1) {
+      put_scale(at, 0x2c00);      // d = 2^-4
+      put_scale(at + 2, 0xb800);  // m = -0.5
+    }
+    if (type == GGMLType::q4_k) {
+      put_scale(at, 0x1c00);      // d = 2^-8
+      put_scale(at + 2, 0x1c00);  // dmin
+    }
+  }
+  return bytes;
+}
+
+// C = A B in double, A [m][k], B [k][n] row-major.
+std::vector<double> reference_product(const std::vector<float>& a, const std::vector<float>& b, std::int64_t m,
+                                      std::int64_t k, std::int64_t n) {
+  std::vector<double> c(static_cast<std::size_t>(m * n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t p = 0; p < k; ++p)
+      for (std::int64_t j = 0; j < n; ++j)
+        c[static_cast<std::size_t>(i * n + j)] +=
+            static_cast<double>(a[static_cast<std::size_t>(i * k + p)]) * b[static_cast<std::size_t>(p * n + j)];
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gemm_packed: dispatched and portable products equal the double product, through both packers") {
+  std::mt19937 rng(7);
+  for (const std::int64_t m : {1, 5, 6, 7, 13, 70}) {
+    for (const std::int64_t k : {1, 8, 33, 64}) {
+      for (const std::int64_t n : {1, 15, 16, 17, 40}) {
+        const std::vector<float> a = random_floats(static_cast<std::size_t>(m * k), rng);
+        const std::vector<float> b = random_floats(static_cast<std::size_t>(k * n), rng);
+        std::vector<float> bt(b.size());  // B^T [n][k]
+        for (std::int64_t p = 0; p < k; ++p)
+          for (std::int64_t j = 0; j < n; ++j)
+            bt[static_cast<std::size_t>(j * k + p)] = b[static_cast<std::size_t>(p * n + j)];
+        std::vector<float> from_rows(static_cast<std::size_t>(d::packed_size(k, n)));
+        std::vector<float> from_transposed(from_rows.size());
+        d::pack_rows(b.data(), n, k, n, from_rows.data());
+        d::pack_transposed(bt.data(), k, n, k, from_transposed.data());
+        CHECK(from_rows == from_transposed);
+        const std::vector<double> want = reference_product(a, b, m, k, n);
+        // ldc > n: columns past n stay untouched.
+        const float canary = 12345.0f;
+        std::vector<float> fast(static_cast<std::size_t>(m * (n + 3)), canary);
+        std::vector<float> slow(fast.size(), canary);
+        d::gemm_packed(a.data(), k, m, k, from_rows.data(), n, fast.data(), n + 3);
+        d::portable::gemm_packed(a.data(), k, m, k, from_rows.data(), n, slow.data(), n + 3);
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t j = 0; j < n + 3; ++j) {
+            const auto at = static_cast<std::size_t>(i * (n + 3) + j);
+            if (j >= n) {
+              CHECK(fast[at] == canary);
+              CHECK(slow[at] == canary);
+              continue;
+            }
+            const double w = want[static_cast<std::size_t>(i * n + j)];
+            CHECK(std::abs(fast[at] - w) <= 1e-5 * static_cast<double>(k));
+            CHECK(std::abs(slow[at] - w) <= 1e-5 * static_cast<double>(k));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gemv: dispatched and portable equal the double dot products") {
+  std::mt19937 rng(8);
+  for (const std::int64_t k : {1, 7, 8, 16, 33, 576}) {
+    const std::int64_t n = 9;
+    const std::vector<float> w = random_floats(static_cast<std::size_t>(n * (k + 2)), rng);
+    const std::vector<float> x = random_floats(static_cast<std::size_t>(k), rng);
+    std::vector<float> fast(static_cast<std::size_t>(n));
+    std::vector<float> slow(fast.size());
+    d::gemv(w.data(), k + 2, n, k, x.data(), fast.data());
+    d::portable::gemv(w.data(), k + 2, n, k, x.data(), slow.data());
+    for (std::int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (std::int64_t p = 0; p < k; ++p)
+        want += static_cast<double>(w[static_cast<std::size_t>(j * (k + 2) + p)]) * x[static_cast<std::size_t>(p)];
+      CHECK(std::abs(fast[static_cast<std::size_t>(j)] - want) <= 1e-5 * static_cast<double>(k));
+      CHECK(std::abs(slow[static_cast<std::size_t>(j)] - want) <= 1e-5 * static_cast<double>(k));
+    }
+  }
+}
+
+TEST_CASE("softmax_row: the dispatched softmax equals attention_softmax_row to float rounding, masks exactly") {
+  std::mt19937 rng(9);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const std::int64_t n : {1, 7, 8, 9, 64, 300}) {
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      std::vector<float> scores = random_floats(static_cast<std::size_t>(n), rng);
+      for (std::int64_t j = 0; j < n; ++j) {
+        float& s = scores[static_cast<std::size_t>(j)];
+        s *= 40.0f;                                // base-2 scores spread over 2^±40
+        if (pattern == 1 && j % 3 == 1) s = -inf;  // masked keys
+        if (pattern == 2) s = -inf;                // a row without a visible key
+      }
+      std::vector<float> want = scores;
+      d::attention_softmax_row(want.data(), n);
+      std::vector<float> got = scores;
+      d::softmax_row(got.data(), n);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float w = want[static_cast<std::size_t>(j)];
+        const float g = got[static_cast<std::size_t>(j)];
+        if (scores[static_cast<std::size_t>(j)] == -inf) {
+          CHECK(g == 0.0f);
+        } else {
+          CHECK(std::abs(g - w) <= 4e-7f * w + 1e-30f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("WeightMatrix: rows dequantized on the fly are the whole tensor's dequantization, bit for bit") {
+  std::mt19937 rng(10);
+  for (const GGMLType type : {GGMLType::q4_1, GGMLType::q8_0, GGMLType::q4_k, GGMLType::q6_k, GGMLType::f16}) {
+    const std::int64_t rows = 5;
+    const std::int64_t cols = 512;
+    const std::vector<std::byte> bytes = random_blocks(type, rows, cols, rng);
+    std::vector<float> whole(static_cast<std::size_t>(rows * cols));
+    const kvfuse::GGMLTypeTraits traits = kvfuse::ggml_type_traits(type);
+    REQUIRE(d::dequantize_blocks(type, reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                 rows * cols / traits.block_size, whole.data()));
+    const WeightMatrix w = WeightMatrix::from_blocks(type, rows, cols, bytes);
+    CHECK(w.rows() == rows);
+    CHECK(w.cols() == cols);
+    CHECK(!w.is_f32());
+    CHECK(w.bytes() == bytes.size());
+    const kvfuse::RowMatrix dense = w.dense();
+    CHECK(std::memcmp(dense.data(), whole.data(), whole.size() * sizeof(float)) == 0);
+    std::vector<float> two(static_cast<std::size_t>(2 * cols));
+    w.dequantize_rows(2, 2, two.data());
+    CHECK(std::memcmp(two.data(), whole.data() + 2 * cols, two.size() * sizeof(float)) == 0);
+    const std::vector<float> edge = w.elements(cols - 7, 20);  // across a row boundary
+    CHECK(std::memcmp(edge.data(), whole.data() + cols - 7, edge.size() * sizeof(float)) == 0);
+  }
+  CHECK_THROWS(WeightMatrix::from_blocks(GGMLType::q8_0, 2, 48, std::vector<std::byte>(102)));  // 48 % 32 != 0
+}
+
+TEST_CASE("CpuLlama on Q8_0 weights equals CpuLlama on their fp32 dequantization: logits, KV, fingerprint") {
+  const kvfuse::LlamaConfig c = kvfuse_test::small_llama_config();
+  std::mt19937 rng(11);
+  const auto q8 = [&](std::int64_t rows, std::int64_t cols) {
+    return WeightMatrix::from_blocks(GGMLType::q8_0, rows, cols, random_blocks(GGMLType::q8_0, rows, cols, rng));
+  };
+  kvfuse::LlamaWeights quantized = kvfuse::LlamaWeights::random(c, 3);
+  quantized.token_embd = q8(c.n_vocab, c.n_embd);
+  for (kvfuse::LlamaLayerWeights& l : quantized.layers) {
+    l.wq = q8(c.q_dim(), c.n_embd);
+    l.wk = q8(c.kv_dim(), c.n_embd);
+    l.wv = q8(c.kv_dim(), c.n_embd);
+    l.wo = q8(c.n_embd, c.q_dim());
+    l.w_gate = q8(c.n_ff, c.n_embd);
+    l.w_up = q8(c.n_ff, c.n_embd);
+    l.w_down = q8(c.n_embd, c.n_ff);
+  }
+  kvfuse::LlamaWeights dense = quantized;
+  dense.token_embd = quantized.token_embd.dense();
+  for (kvfuse::LlamaLayerWeights& l : dense.layers)
+    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) *m = m->dense();
+  const kvfuse::CpuLlama a(c, quantized, kvfuse::CpuLlamaOptions{2, 8});
+  const kvfuse::CpuLlama b(c, dense, kvfuse::CpuLlamaOptions{2, 8});
+  CHECK(a.fingerprint() == b.fingerprint());
+  std::vector<kvfuse::token_id> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back(static_cast<kvfuse::token_id>((i * 37 + 5) % c.n_vocab));
+  const kvfuse::LlamaPrefill pa = a.full_prefill(tokens);
+  const kvfuse::LlamaPrefill pb = b.full_prefill(tokens);
+  CHECK(pa.logits == pb.logits);
+  CHECK(pa.kv.k == pb.kv.k);
+  CHECK(pa.kv.v == pb.kv.v);
+}
