@@ -648,6 +648,15 @@ TEST_CASE("GGUF: open() maps a file read-only; the mapping moves with the object
     GGUFFile assigned = GGUFFile::parse(w.bytes);
     assigned = GGUFFile::open(path);
     CHECK(assigned.dequantize(assigned.tensor("a.weight")) == std::vector<float>{0, 1, 2, 3, 4, 5});
+    // Released pages read back unchanged, a tensor's or the whole file's; a range outside the mapping is ignored.
+    const std::vector<float> c = assigned.dequantize(assigned.tensor("c"));
+    assigned.release_pages(assigned.raw(assigned.tensor("c")));
+    CHECK(assigned.dequantize(assigned.tensor("c")) == c);
+    assigned.release_pages();
+    CHECK(assigned.dequantize(assigned.tensor("a.weight")) == std::vector<float>{0, 1, 2, 3, 4, 5});
+    CHECK(assigned.get_u32("llama.block_count") == 30);
+    assigned.release_pages(std::as_bytes(std::span(w.bytes)));
+    CHECK(assigned.dequantize(assigned.tensor("c")) == c);
   }
   {
     std::ofstream truncate(path, std::ios::binary | std::ios::trunc);

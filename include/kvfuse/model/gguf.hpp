@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstddef>
@@ -438,10 +439,22 @@ class MappedFile {
     return {static_cast<const std::uint8_t*>(addr_), size_};
   }
 
-  // Drops the mapped pages from this process's memory (MADV_DONTNEED): the mapping stays valid and a later
-  // read faults them back in from the file, unchanged (a read-only private mapping is never written).
-  void release_pages() const noexcept {
-    if (addr_ != nullptr) (void)::madvise(addr_, size_, MADV_DONTNEED);
+  // Drops the mapped pages that hold `range` (all of them when empty; rounded out to whole pages) from this
+  // process's memory (MADV_DONTNEED): the mapping stays valid and a later read faults them back in from the file,
+  // unchanged (a read-only private mapping is never written). A range outside the mapping is ignored.
+  void release_pages(std::span<const std::byte> range = {}) const noexcept {
+    if (addr_ == nullptr) return;
+    const auto base = reinterpret_cast<std::uintptr_t>(addr_);
+    std::uintptr_t lo = base, hi = base + size_;
+    if (!range.empty()) {
+      lo = reinterpret_cast<std::uintptr_t>(range.data());
+      hi = lo + range.size();
+      if (lo < base || hi > base + size_) return;
+    }
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    lo = std::max(base, lo / page * page);
+    hi = std::min(base + size_, (hi + page - 1) / page * page);
+    if (hi > lo) (void)::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
   }
 
  private:
@@ -471,10 +484,10 @@ class GGUFFile {
     return file;
   }
 
-  // A reader that copied what it needs (CpuLlama::from_gguf) gives the mapped pages back: the file's bytes stay
-  // readable (faulted in again on access), they just stop counting in this process's resident memory.
-  // Nothing for a GGUFFile over caller-owned bytes (parse).
-  void release_pages() const noexcept { mapping_.release_pages(); }
+  // A reader that copied what it needs (LlamaWeights::from_gguf, tensor by tensor) gives the mapped pages of
+  // `range` (empty: the whole file) back: the bytes stay readable (faulted in again on access), they just stop
+  // counting in this process's resident memory. Nothing for a GGUFFile over caller-owned bytes (parse).
+  void release_pages(std::span<const std::byte> range = {}) const noexcept { mapping_.release_pages(range); }
 
   // Parses bytes the caller owns (tests, fuzzing, embedded models); they must outlive the GGUFFile.
   [[nodiscard]] static GGUFFile parse(std::span<const std::byte> bytes) {

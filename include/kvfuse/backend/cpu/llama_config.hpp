@@ -488,10 +488,16 @@ inline LlamaWeights LlamaWeights::from_gguf(const GGUFFile& file, const LlamaCon
     detail::require(info.dims.size() == 2 && info.dims[0] == cols && info.dims[1] == rows,
                     "LlamaWeights: GGUF tensor '{}' has dims [{}], expected [{}, {}] (in, out)", name,
                     fmt::join(info.dims, ", "), cols, rows);
-    if (info.type != GGMLType::f32) return WeightMatrix::from_blocks(info.type, rows, cols, file.raw(info));
-    RowMatrix m(rows, cols);
-    file.dequantize_into(info, std::span<float>(m.data(), static_cast<std::size_t>(m.size())));
-    return WeightMatrix(std::move(m));
+    WeightMatrix w;
+    if (info.type != GGMLType::f32) {
+      w = WeightMatrix::from_blocks(info.type, rows, cols, file.raw(info));
+    } else {
+      RowMatrix m(rows, cols);
+      file.dequantize_into(info, std::span<float>(m.data(), static_cast<std::size_t>(m.size())));
+      w = WeightMatrix(std::move(m));
+    }
+    file.release_pages(file.raw(info));  // copied: the mapped pages need not stay resident beside the copy
+    return w;
   };
   const auto vector = [&file](const std::string& name, std::int64_t size) {
     const GGUFTensorInfo& info = file.tensor(name);
