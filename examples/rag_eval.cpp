@@ -11,10 +11,16 @@
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
 //                   [--out DIR] [--cache-dir DIR] [--model smollm2|gemma3|GGUF] [--threads 0] [--no-plot]
 //                   [--store-dtype f32] [--store memory|disk|tiered] [--link-mbps X] [--link-latency-ms Y]
-//                   [--pipeline on|off] [--split-tokens N]
+//                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp]
 //                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
 //
 // --model smollm2 (default) or gemma3 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF path.
+//
+// --engine llamacpp runs every method inside llama.cpp (kvfuse::llamacpp::LlamaCppFusion; a build with
+// -DKVFUSE_LLAMACPP=ON): full prefill, TTFT and the fidelity figures are llama.cpp's own. It is a fixed-set
+// engine: methods that change the set per layer (CacheBlend, QueryAware, Cache-Craft with focus termination) are
+// refused by name, and --calibrated and --store-dtype are for the kvfuse engine. Default methods there:
+// full,prefix,naive,attnlink,attnlink@4,attnlink@64,cachecraft-nofocus,cachecraft@0.5-nofocus.
 //
 // --calibrated: the per-model correctness gate (kvfuse/fusion/calibration.hpp) picks each method family named
 // without a setting in --methods (cacheblend, attnlink, cachecraft, queryaware): the cheapest setting whose
@@ -25,7 +31,8 @@
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
-// in reverse order, whose in-context KV becomes the prefix-cache entries and the Cache-Craft variants. Then
+// in reverse order, whose in-context KV becomes the prefix-cache entries and the Cache-Craft variants (computed only
+// when prefix or a Cache-Craft setting is among the methods). Then
 // each method runs on [system, passages..., question]; TTFT counts the online work only (load, shift,
 // recompute, first token). The memory tier is emptied after each question; --cache-dir adds a disk tier
 // (DiskKVStore) that persists across runs. --store-dtype f16 or bf16 keeps the chunk caches at half the bytes
@@ -431,6 +438,9 @@ int main(int argc, char** argv) try {
 
     std::vector<kvfuse::FusionMethod> methods;
     for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
+    const bool uses_context = std::any_of(methods.begin(), methods.end(), [](const kvfuse::FusionMethod& m) {
+      return std::holds_alternative<kvfuse::PrefixCaching>(m) || std::holds_alternative<kvfuse::CacheCraft>(m);
+    });
 
     // results.json and results.md over the questions done so far: written after each question, so that an
     // interrupted run keeps what it measured.
@@ -498,11 +508,12 @@ int main(int argc, char** argv) try {
         const auto n = static_cast<std::int64_t>(prompt.tokens.size());
         total_tokens += n;
 
-        // Offline: isolated chunk caches, and the earlier prompt's in-context KV.
+        // Offline: isolated chunk caches, and the earlier prompt's in-context KV when a method reads it (prefix
+        // caching's entries, Cache-Craft's variants).
         auto t0 = std::chrono::steady_clock::now();
         const std::int64_t computed = pipeline.store_chunk_caches(prompt.tokens, layout);
         chunk_caches_computed += computed;
-        pipeline.record_context(prompt.warm_tokens, prompt.warm_layout);
+        if (uses_context) pipeline.record_context(prompt.warm_tokens, prompt.warm_layout);
         const double q_offline = kvfuse::detail::ms_since(t0);
         offline_ms += q_offline;
 

@@ -1,5 +1,5 @@
 #pragma once
-// CpuLlama: the reference Llama / Gemma 3 forward pass on the CPU (Eigen, fp32), with the layer-wise operations
+// CpuLlama: the reference Llama / Gemma 3 forward pass on the CPU (fp32), with the layer-wise operations
 // of the fusion loop every position-independent caching method shares (CacheBlend §4.3, Epic §4.2, Cache-Craft
 // §3.2: a layer-wise partial prefill of a selected set S_l over reused chunk KV):
 //   full_prefill        all tokens, every layer                                   -> KV + last-token logits
