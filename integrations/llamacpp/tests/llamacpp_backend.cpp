@@ -107,13 +107,15 @@ kvfuse::TokenSet all_rows(std::int64_t n) {
   return rows;
 }
 
-// The K and V values of a sequence state of llama.cpp (cells without extension data), per cache section (one, or
-// two with sliding-window layers: the global layers' cache, then the local layers'), per layer, as floats.
+// The K and V values of a stored block (LlamaCppFusion: llama.cpp sequence states of at most `window` cells each,
+// concatenated; cells without extension data), per cache section (one, or two with sliding-window layers: the
+// global layers' cache, then the local layers'), per layer, as floats, the pieces' cells in order.
 struct StateSection {
   std::vector<std::vector<float>> k, v;  // per layer of the section
 };
-std::vector<StateSection> state_values(const std::vector<std::byte>& bytes, std::int64_t cells) {
-  std::size_t at = 8;  // magic, sequence id
+std::vector<StateSection> state_values(const std::vector<std::byte>& bytes, std::int64_t cells, std::int64_t window,
+                                       std::size_t sections) {
+  std::size_t at = 0;
   const auto u32 = [&] {
     std::uint32_t v;
     std::memcpy(&v, bytes.data() + at, 4);
@@ -126,9 +128,8 @@ std::vector<StateSection> state_values(const std::vector<std::byte>& bytes, std:
     at += 8;
     return v;
   };
-  const auto values = [&](std::uint32_t type, std::size_t count) {
+  const auto values = [&](std::uint32_t type, std::size_t count, std::vector<float>& out) {
     REQUIRE((type == GGML_TYPE_F16 || type == GGML_TYPE_F32));
-    std::vector<float> out;
     for (std::size_t i = 0; i < count; ++i) {
       if (type == GGML_TYPE_F32) {
         float f;
@@ -142,41 +143,44 @@ std::vector<StateSection> state_values(const std::vector<std::byte>& bytes, std:
         at += 2;
       }
     }
-    return out;
   };
-  std::vector<StateSection> sections;
-  while (at < bytes.size()) {
-    StateSection sec;
-    REQUIRE(u32() == 1);  // streams
-    REQUIRE(u32() == static_cast<std::uint32_t>(cells));
-    for (std::int64_t c = 0; c < cells; ++c) {
-      (void)u32();  // position
-      const std::uint32_t n_seq = u32();
-      at += 4u * n_seq;
-    }
-    const std::uint32_t v_trans = u32();
-    const std::uint32_t n_layer = u32();
-    for (std::uint32_t l = 0; l < n_layer; ++l) {
-      const std::uint32_t type = u32();
-      const std::uint64_t row = u64();
-      sec.k.push_back(values(type, static_cast<std::size_t>(row * cells / (type == GGML_TYPE_F32 ? 4 : 2))));
-    }
-    for (std::uint32_t l = 0; l < n_layer; ++l) {
-      const std::uint32_t type = u32();
-      if (v_trans != 0) {
-        const std::uint32_t el = u32();
-        const std::uint32_t n_embd = u32();
-        REQUIRE(el == (type == GGML_TYPE_F32 ? 4u : 2u));
-        sec.v.push_back(values(type, static_cast<std::size_t>(n_embd) * cells));
-      } else {
+  std::vector<StateSection> out(sections);
+  for (std::int64_t done = 0; done < cells; done += window) {
+    const std::int64_t m = std::min(window, cells - done);
+    at += 8;  // magic, sequence id
+    for (StateSection& sec : out) {
+      REQUIRE(u32() == 1);  // streams
+      REQUIRE(u32() == static_cast<std::uint32_t>(m));
+      for (std::int64_t c = 0; c < m; ++c) {
+        (void)u32();  // position
+        const std::uint32_t n_seq = u32();
+        at += 4u * n_seq;
+      }
+      const std::uint32_t v_trans = u32();
+      const std::uint32_t n_layer = u32();
+      sec.k.resize(n_layer);
+      sec.v.resize(n_layer);
+      for (std::uint32_t l = 0; l < n_layer; ++l) {
+        const std::uint32_t type = u32();
         const std::uint64_t row = u64();
-        sec.v.push_back(values(type, static_cast<std::size_t>(row * cells / (type == GGML_TYPE_F32 ? 4 : 2))));
+        values(type, static_cast<std::size_t>(row * m / (type == GGML_TYPE_F32 ? 4 : 2)), sec.k[l]);
+      }
+      for (std::uint32_t l = 0; l < n_layer; ++l) {
+        const std::uint32_t type = u32();
+        if (v_trans != 0) {
+          const std::uint32_t el = u32();
+          const std::uint32_t n_embd = u32();
+          REQUIRE(el == (type == GGML_TYPE_F32 ? 4u : 2u));
+          values(type, static_cast<std::size_t>(n_embd) * m, sec.v[l]);
+        } else {
+          const std::uint64_t row = u64();
+          values(type, static_cast<std::size_t>(row * m / (type == GGML_TYPE_F32 ? 4 : 2)), sec.v[l]);
+        }
       }
     }
-    sections.push_back(std::move(sec));
   }
   REQUIRE(at == bytes.size());
-  return sections;
+  return out;
 }
 
 // max |a − b| / max |b|
@@ -231,10 +235,19 @@ TEST_CASE("real model: llama.cpp: kvfuse's full prefill and a 100 % recompute ov
   });
 }
 
+// A passage longer than Gemma 3's sliding window (512): its block is stored in pieces of at most a window.
+std::string long_passage() {
+  std::string text;
+  for (int i = 0; i < 4; ++i)
+    for (const std::string& p : kPassages) text += p + " ";
+  return text;
+}
+
 TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals the chunk computed alone at p") {
   for_each_model([](const std::filesystem::path& model) {
-    const RealPrompt p = rag_prompt(model, kPassages);
-    const kvfuse::TokenRange c = p.layout.chunks[2].range;  // the second passage
+    const RealPrompt p = rag_prompt(model, {kPassages[0], long_passage(), kPassages[1]});
+    const kvfuse::TokenRange c = p.layout.chunks[2].range;  // the long passage
+    REQUIRE(c.size() > 512);
     const auto chunk = std::span(p.tokens).subspan(static_cast<std::size_t>(c.begin), static_cast<std::size_t>(c.size()));
     for (ggml_type kv : {GGML_TYPE_F32, GGML_TYPE_F16}) {
       CAPTURE(ggml_type_name(kv));
@@ -253,14 +266,16 @@ TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals
       const auto [shifted_logits, shifted] = run(engine.chunk_kv(chunk, 0));
       const auto [direct_logits, direct] = run(engine.chunk_kv(chunk, c.begin));
       REQUIRE(shifted.bytes.size() == direct.bytes.size());
-      const std::vector<StateSection> a = state_values(shifted.bytes, c.size());
-      const std::vector<StateSection> b = state_values(direct.bytes, c.size());
+      const std::size_t sections = engine.window() < c.size() ? 2 : 1;  // sliding-window layers: a second cache
+      const std::vector<StateSection> a = state_values(shifted.bytes, c.size(), engine.window(), sections);
+      const std::vector<StateSection> b = state_values(direct.bytes, c.size(), engine.window(), sections);
       // Layer 0's K depends on the token and its position only: the shift is exact to the rounding of the
-      // rotation (and of the f16 cell). Deeper layers go through attention, where llama.cpp quantizes the
+      // rotation (llama.cpp's angles are p · θ in float: a relative error growing with p, 1e-5 at p ~ 600) and of
+      // the f16 cell. Deeper layers go through attention, where llama.cpp quantizes the
       // activations to 8 bits for its quantized weights: a rounding difference anywhere flips some of those
       // roundings, and that is the floor the rest is compared at (the same floor separates two placements of the
       // same cells: FusionPipeline results on llama.cpp are reproducible only to it).
-      const double tol0 = kv == GGML_TYPE_F32 ? 1e-5 : 2e-3;
+      const double tol0 = kv == GGML_TYPE_F32 ? 5e-5 : 2e-3;
       CHECK(max_rel(a.back().k[0], b.back().k[0]) < tol0);
       CHECK(max_rel(a.back().v[0], b.back().v[0]) < tol0);
       double worst = 0;
@@ -268,7 +283,9 @@ TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals
         for (std::size_t l = 0; l < a[sec].k.size(); ++l)
           worst = std::max({worst, max_rel(a[sec].k[l], b[sec].k[l]), max_rel(a[sec].v[l], b[sec].v[l])});
       MESSAGE("largest difference over all layers " << worst << ", logits " << rel_error(shifted_logits, direct_logits));
-      CHECK(worst < 0.15);
+      // Measured on this 550-token passage: SmolLM2 0.08, Gemma 3 0.29–0.38 (grows layer by layer from 0.01, no
+      // step at a global layer); a wrong rotation on some layers gives O(1) from that layer on.
+      CHECK(worst < 0.5);
       CHECK(rel_error(shifted_logits, direct_logits) < 0.1);
       CHECK(kvfuse::argmax_token(shifted_logits) == kvfuse::argmax_token(direct_logits));
     }

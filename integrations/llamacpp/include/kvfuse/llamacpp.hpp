@@ -46,6 +46,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -74,7 +75,9 @@ struct LlamaCppOptions {
   std::uint32_t n_ctx = 8192;     // KV cells: the prompt, the rows being recomputed, a chunk cache, the answer
   std::uint32_t n_batch = 512;    // tokens per llama_decode
   std::uint32_t n_ubatch = 512;   // tokens per graph
-  std::uint32_t max_pending = 8;  // blocks loaded but not yet at their positions (each holds two scratch sequences)
+  // Scratch sequence pairs: blocks loaded but not yet at their positions, plus one for the block being read,
+  // saved or computed.
+  std::uint32_t max_pending = 8;
   ggml_type kv_type = GGML_TYPE_F16;  // K and V cache type (part of the fingerprint: it changes the stored bytes)
   // llama.cpp's flash attention. Off by default: the attention statistics (record_context) read the softmax
   // llama.cpp computes without it; with it on they are refused with a named error.
@@ -109,9 +112,9 @@ class LlamaCppFusion {
  public:
   // Loads the GGUF with llama.cpp (mmap) and makes one context. Throws with the path and llama.cpp's refusal.
   explicit LlamaCppFusion(const std::filesystem::path& gguf, LlamaCppOptions options = {}) : options_(options) {
-    kvfuse::detail::require(options_.max_pending >= 1 && options_.n_batch >= 1 && options_.n_ubatch >= 1 &&
+    kvfuse::detail::require(options_.max_pending >= 2 && options_.n_batch >= 1 && options_.n_ubatch >= 1 &&
                                 options_.n_ctx >= 16,
-                            "LlamaCppFusion: max_pending {}, n_batch {}, n_ubatch {}, n_ctx {} (need >= 1, >= 1, >= 1, "
+                            "LlamaCppFusion: max_pending {}, n_batch {}, n_ubatch {}, n_ctx {} (need >= 2, >= 1, >= 1, "
                             ">= 16)",
                             options_.max_pending, options_.n_batch, options_.n_ubatch, options_.n_ctx);
     if (options_.quiet) llama_log_set(detail::quiet_log, nullptr);
@@ -149,6 +152,8 @@ class LlamaCppFusion {
                             "position-independent reuse needs it",
                             gguf.string());
     threads_ = threads;
+    const std::int32_t swa = llama_model_n_swa(model_.get());
+    window_ = swa > 0 ? swa : std::numeric_limits<llama_pos>::max();  // no window: one piece (positions are int32)
     batch_ = llama_batch_init(static_cast<std::int32_t>(options_.n_batch), 0, 2);
     scratch_free_.assign(options_.max_pending, true);
     pending_.resize(options_.max_pending);
@@ -169,9 +174,11 @@ class LlamaCppFusion {
   // ---- FixedSetFusionBackend
   [[nodiscard]] std::uint64_t model_fingerprint() const noexcept { return fingerprint_; }
   [[nodiscard]] std::int64_t num_layers() const noexcept { return n_layer_; }
-  // llama.cpp's sequence state of n cells: a fixed header and the same bytes per cell (measured once).
+  // A block is llama.cpp's sequence state of its rows, one state per piece of at most the sliding window's rows
+  // (save_range): per piece a fixed header, and the same bytes per cell (both measured once).
   [[nodiscard]] std::size_t block_bytes(std::int64_t n) const noexcept {
-    return state_base_ + static_cast<std::size_t>(n) * state_per_row_;
+    const auto pieces = static_cast<std::size_t>(n <= 0 ? 0 : (n - 1) / window_ + 1);
+    return pieces * state_base_ + static_cast<std::size_t>(n) * state_per_row_;
   }
 
   KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first) {
@@ -180,10 +187,9 @@ class LlamaCppFusion {
     const int slot = take_scratch("chunk_kv");
     const llama_seq_id x = scratch_seq(slot);
     decode_run(tokens, first, {x, x + 1}, false);
-    KVBlock block{static_cast<std::int64_t>(tokens.size()), save_sequence(x), first};
-    llama_memory_seq_rm(mem_, x, -1, -1);
-    llama_memory_seq_rm(mem_, x + 1, -1, -1);
-    release_scratch(slot);
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    KVBlock block{n, save_range(x, first, first + n), first};
+    drop_scratch(slot);
     return block;
   }
 
@@ -213,16 +219,29 @@ class LlamaCppFusion {
                             block.num_tokens, block.bytes.size(), r, block_bytes(r.size()));
     const int slot = take_scratch("load_rows");
     const llama_seq_id x = scratch_seq(slot);
-    const std::size_t read = llama_state_seq_set_data(
-        ctx_.get(), reinterpret_cast<const std::uint8_t*>(block.bytes.data()), block.bytes.size(), x);
-    if (read != block.bytes.size()) {
-      llama_memory_seq_rm(mem_, x, -1, -1);
-      release_scratch(slot);
-      throw error(fmt::format("LlamaCppFusion::load_rows: llama.cpp refused the stored block for rows {} ({} of {} "
-                              "bytes read): not a sequence state of this model and build",
-                              r, read, block.bytes.size()));
+    // Piece by piece (save_range): each restored into a scratch pair of its own, then joined to x and its pin, so
+    // that every cell belongs to two sequences whenever llama.cpp searches for free cells.
+    std::size_t at = 0;
+    for (std::int64_t done = 0; done < r.size(); done += window_) {
+      const std::size_t size = block_bytes(std::min(window_, r.size() - done));
+      const int piece = take_scratch("load_rows");
+      const llama_seq_id y = scratch_seq(piece);
+      const std::size_t read = llama_state_seq_set_data(
+          ctx_.get(), reinterpret_cast<const std::uint8_t*>(block.bytes.data()) + at, size, y);
+      if (read == size) {
+        llama_memory_seq_cp(mem_, y, y + 1, -1, -1);
+        llama_memory_seq_cp(mem_, y, x, -1, -1);
+        llama_memory_seq_cp(mem_, y, x + 1, -1, -1);
+      }
+      drop_scratch(piece);
+      if (read != size) {
+        drop_scratch(slot);
+        throw error(fmt::format("LlamaCppFusion::load_rows: llama.cpp refused the stored block for rows {} ({} of {} "
+                                "bytes of the piece at byte {} read): not a sequence state of this model and build",
+                                r, read, size, at));
+      }
+      at += size;
     }
-    llama_memory_seq_cp(mem_, x, x + 1, -1, -1);  // two sequences: never overwritten (header comment)
     if (llama_memory_seq_pos_min(mem_, x) != block.first_position ||
         llama_memory_seq_pos_max(mem_, x) != block.first_position + r.size() - 1) {
       const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
@@ -262,13 +281,7 @@ class LlamaCppFusion {
     kvfuse::detail::require(r.end <= attached_end_ && !shift_pending_,
                             "LlamaCppFusion::save_rows: rows {} are not computed yet (rows [0, {}) are{})", r,
                             attached_end_, shift_pending_ ? "; a shift waits for the next prefill" : "");
-    const int slot = self.take_scratch("save_rows");
-    const llama_seq_id x = scratch_seq(slot);
-    llama_memory_seq_cp(mem_, kRequest, x, static_cast<llama_pos>(r.begin), static_cast<llama_pos>(r.end));
-    KVBlock block{r.size(), self.save_sequence(x), r.begin};
-    llama_memory_seq_rm(mem_, x, -1, -1);
-    self.release_scratch(slot);
-    return block;
+    return {r.size(), self.save_range(kRequest, r.begin, r.end), r.begin};
   }
 
   // ---- AttentionStatisticsBackend: prefill(rows) of a request whose rows are all recomputed (a full prefill),
@@ -351,12 +364,25 @@ class LlamaCppFusion {
   // ---- inspection (tests)
   // The rows the last prefill decoded, in order.
   [[nodiscard]] const TokenSet& last_prefill_rows() const noexcept { return last_rows_; }
-  // Cells of the request's sequence (llama.cpp's own count, from its sequence state size).
+  // Cells of the request's sequence at positions [0, n) (llama.cpp's own count, from the size of its state, one
+  // window at a time as save_range saves it).
   [[nodiscard]] std::int64_t request_cells() const {
-    const std::size_t size = llama_state_seq_get_size(ctx_.get(), kRequest);
-    if (size <= state_empty_) return 0;
-    return static_cast<std::int64_t>((size - state_base_) / state_per_row_);
+    auto& self = const_cast<LlamaCppFusion&>(*this);  // a scratch sequence only
+    const int slot = self.take_scratch("request_cells");
+    const llama_seq_id y = scratch_seq(slot);
+    std::int64_t cells = 0;
+    for (std::int64_t p = 0; p < static_cast<std::int64_t>(tokens_.size()); p += window_) {
+      const std::int64_t end = std::min(static_cast<std::int64_t>(tokens_.size()), p + window_);
+      llama_memory_seq_cp(mem_, kRequest, y, static_cast<llama_pos>(p), static_cast<llama_pos>(end));
+      const std::size_t size = llama_state_seq_get_size(ctx_.get(), y);
+      llama_memory_seq_rm(mem_, y, -1, -1);
+      if (size > state_empty_) cells += static_cast<std::int64_t>((size - state_base_) / state_per_row_);
+    }
+    self.release_scratch(slot);
+    return cells;
   }
+  // Rows per stored piece: the model's sliding window (2^31 − 1 without one).
+  [[nodiscard]] std::int64_t window() const noexcept { return window_; }
   [[nodiscard]] llama_context* context() const noexcept { return ctx_.get(); }
   [[nodiscard]] int threads() const noexcept { return threads_; }
   [[nodiscard]] std::int64_t vocab_size() const noexcept { return n_vocab_; }
@@ -559,7 +585,29 @@ class LlamaCppFusion {
     return bytes;
   }
 
-  // block_bytes(n) = base + n · per_row, from the state sizes of one and two decoded tokens.
+  // The block of rows at positions [lo, hi) of sequence `seq`: llama.cpp's state of a scratch sequence holding
+  // them, one piece of at most window_ rows at a time. llama.cpp leaves out of a sequence's state the cells its
+  // sliding-window layers no longer show to the sequence's last position; within one window none is left out, so
+  // every piece is whole on every layer (a row recomputed inside a long chunk still finds the rows before it).
+  std::vector<std::byte> save_range(llama_seq_id seq, std::int64_t lo, std::int64_t hi) {
+    std::vector<std::byte> bytes;
+    const int slot = take_scratch("save");
+    const llama_seq_id y = scratch_seq(slot);
+    for (std::int64_t p = lo; p < hi; p += window_) {
+      const std::int64_t end = std::min(hi, p + window_);
+      llama_memory_seq_cp(mem_, seq, y, static_cast<llama_pos>(p), static_cast<llama_pos>(end));
+      const std::vector<std::byte> piece = save_sequence(y);
+      llama_memory_seq_rm(mem_, y, -1, -1);
+      kvfuse::detail::require(piece.size() == block_bytes(end - p),
+                              "LlamaCppFusion: llama.cpp's state of rows [{}, {}) is {} bytes, not {}", p, end,
+                              piece.size(), block_bytes(end - p));
+      bytes.insert(bytes.end(), piece.begin(), piece.end());
+    }
+    release_scratch(slot);
+    return bytes;
+  }
+
+  // block_bytes(n) = base + n · per_row for n <= window_, from the state sizes of one and two decoded tokens.
   void measure_block_layout() {
     state_empty_ = llama_state_seq_get_size(ctx_.get(), kRequest);
     const token_id t[2] = {0, 0};
@@ -630,6 +678,7 @@ class LlamaCppFusion {
   llama_batch batch_{};
   std::uint64_t fingerprint_ = 0;
   std::size_t state_empty_ = 0, state_base_ = 0, state_per_row_ = 0;
+  std::int64_t window_ = 0;  // rows per stored piece: the sliding window (no limit without one)
 
   std::vector<token_id> tokens_;
   std::vector<bool> staged_;        // per row: in the staging sequence
