@@ -11,10 +11,12 @@
 // (stopping the recompute of unfocused chunks after layer l*, §3.2.3) can be expressed; FusionPipeline refuses
 // both for this backend with a named error.
 //
-// How the concept maps onto llama.cpp (one llama_context, kv_unified, swa_full, n_seq_max = 4 + 2 per pending
-// block):
+// How the concept maps onto llama.cpp (one llama_context, kv_unified, swa_full, n_seq_max = 4 + 2 ·
+// LlamaCppOptions::max_pending):
 //   - A stored block (KVBlock::bytes) is llama_state_seq_get_data of a sequence holding exactly the block's rows:
-//     llama.cpp's own sequence-state format (cells with their positions, then each layer's K and V rows).
+//     llama.cpp's own sequence-state format (cells with their positions, then each layer's K and V rows), one
+//     state per piece of at most the model's sliding window (llama.cpp leaves out of a sequence's state the cells
+//     its window no longer shows to the sequence's last position; within one window it keeps them all).
 //   - load_rows restores it into a scratch sequence (llama_state_seq_set_data) and shift_rows moves it there
 //     (llama_memory_seq_add: llama.cpp re-rotates K by the delta on the next decode, with each layer's own RoPE
 //     base). Once its rows sit at their own positions the block joins the staging sequence S.
