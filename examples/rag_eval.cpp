@@ -644,6 +644,10 @@ int main(int argc, char** argv) try {
     kvfuse::llamacpp::LlamaCppOptions options;
     options.threads = static_cast<int>(o.threads);
     options.n_ctx = static_cast<std::uint32_t>((cells + 64 + 255) / 256 * 256);
+    // The eval callback behind the attention statistics slows every decode: only when prefix or Cache-Craft runs.
+    options.attention_statistics = std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) {
+      return m.starts_with("prefix") || m.starts_with("cachecraft");
+    });
     kvfuse::llamacpp::LlamaCppFusion engine(o.model, options);
     run_engine(engine, nullptr, engine.threads());
   }

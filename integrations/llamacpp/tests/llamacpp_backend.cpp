@@ -412,6 +412,12 @@ TEST_CASE("real model: llama.cpp: attention statistics are llama.cpp's softmax, 
       }
     // Row 0 sees only itself.
     CHECK(layers[0].self_mass[0] == doctest::Approx(heads).epsilon(1e-4));
+    // Without the eval callback the statistics are refused by name.
+    LlamaCppFusion plain(model, {.n_ctx = 512, .attention_statistics = false});
+    plain.begin(std::span(p.tokens).first(64));
+    CHECK_THROWS_WITH_AS((void)plain.prefill(all_rows(64), kvfuse::PromptLayout::from_lengths({60}, 4),
+                                             [](std::int64_t, kvfuse::LayerAttention) {}),
+                         doctest::Contains("LlamaCppOptions::attention_statistics"), kvfuse::error);
 
     // Cache-Craft: variants recorded from an earlier prompt (passages reordered), then the fixed-set run.
     std::vector<std::string> earlier = kPassages;
