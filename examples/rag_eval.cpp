@@ -209,6 +209,11 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// Whether a method reads what record_context stores (prefix-cache entries, Cache-Craft variants).
+bool reads_context(const kvfuse::FusionMethod& m) {
+  return std::holds_alternative<kvfuse::PrefixCaching>(m) || std::holds_alternative<kvfuse::CacheCraft>(m);
+}
+
 // `text` up to its first byte that is not valid UTF-8: a cut through a SentencePiece byte-fallback
 // sequence leaves a partial character at the end.
 std::string valid_utf8_prefix(std::string text) {
@@ -438,9 +443,7 @@ int main(int argc, char** argv) try {
 
     std::vector<kvfuse::FusionMethod> methods;
     for (const std::string& m : o.methods) methods.push_back(kvfuse::parse_method(m));
-    const bool uses_context = std::any_of(methods.begin(), methods.end(), [](const kvfuse::FusionMethod& m) {
-      return std::holds_alternative<kvfuse::PrefixCaching>(m) || std::holds_alternative<kvfuse::CacheCraft>(m);
-    });
+    const bool uses_context = std::any_of(methods.begin(), methods.end(), reads_context);
 
     // results.json and results.md over the questions done so far: written after each question, so that an
     // interrupted run keeps what it measured.
@@ -646,7 +649,7 @@ int main(int argc, char** argv) try {
     options.n_ctx = static_cast<std::uint32_t>((cells + 64 + 255) / 256 * 256);
     // The eval callback behind the attention statistics slows every decode: only when prefix or Cache-Craft runs.
     options.attention_statistics = std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) {
-      return m.starts_with("prefix") || m.starts_with("cachecraft");
+      return reads_context(kvfuse::parse_method(m));
     });
     kvfuse::llamacpp::LlamaCppFusion engine(o.model, options);
     run_engine(engine, nullptr, engine.threads());

@@ -27,7 +27,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -42,6 +41,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kvfuse/cpu.hpp"
+
+#include "musique.hpp"
 
 namespace {
 
@@ -62,13 +63,10 @@ struct Args {
   int reps = 3;
 };
 
+// A flag's integer in [lo, hi] (kvfuse_example::parse_int reads it).
 std::int64_t parse_int(std::string_view flag, std::string_view s, std::int64_t lo, std::int64_t hi) {
-  std::int64_t v = 0;
-  bool ok = !s.empty() && s.size() <= 9;
-  for (const char c : s) ok = ok && c >= '0' && c <= '9';
-  if (ok)
-    for (const char c : s) v = v * 10 + (c - '0');
-  require(ok && v >= lo && v <= hi, "{}: '{}' is not an integer in [{}, {}]", flag, s, lo, hi);
+  const std::int64_t v = kvfuse_example::parse_int(flag, s);
+  require(v >= lo && v <= hi, "{}: {} is not in [{}, {}]", flag, v, lo, hi);
   return v;
 }
 
@@ -106,10 +104,7 @@ Args parse_args(int argc, char** argv) {
 
 // The first n tokens of the MuSiQue passages (see the header).
 std::vector<kvfuse::token_id> make_prompt(const kvfuse::GGUFFile& file, const std::string& data, std::int64_t n) {
-  require(std::filesystem::is_regular_file(data), "--data: '{}' is not a file", data);
-  std::ifstream in(data);
-  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  require(doc.is_array(), "--data: '{}' is not a JSON array", data);
+  const nlohmann::json doc = kvfuse_example::read_dataset(data);
   std::string text;
   for (const nlohmann::json& entry : doc) {
     require(entry.is_object() && entry.contains("ctxs") && entry["ctxs"].is_array(),

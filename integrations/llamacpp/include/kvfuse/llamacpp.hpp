@@ -338,7 +338,7 @@ class LlamaCppFusion {
     std::vector<token_id> out;
     std::vector<float> logits(last_logits.begin(), last_logits.end());
     while (static_cast<std::int64_t>(out.size()) < max_new_tokens) {
-      const auto next = static_cast<token_id>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const token_id next = argmax_token(logits);
       if (next == eos) break;
       out.push_back(next);
       if (static_cast<std::int64_t>(out.size()) == max_new_tokens) break;
