@@ -43,6 +43,7 @@ class KvfuseConan(ConanFile):
     def requirements(self):
         # Public headers include fmt; kvfuse::cpu also Eigen and PCRE2: consumers compile against them.
         self.requires("fmt/9.1.0", transitive_headers=True, transitive_libs=True)
+        self.requires("xxhash/0.8.1", transitive_headers=True, transitive_libs=True)
         self.requires("eigen/3.4.0", transitive_headers=True)
         self.requires("pcre2/10.42", transitive_headers=True, transitive_libs=True)
 
@@ -66,6 +67,9 @@ class KvfuseConan(ConanFile):
         # (it knows nvcc flags up to C++17), so enable_language(CUDA) would fail with cuda=True.
         tc.blocks.remove("cppstd")
         tc.cache_variables["KVFUSE_CUDA"] = bool(self.options.cuda)
+        # The Redis tier (hiredis) and the codecs (lz4, zstd) are not packaged: build kvfuse from source for them.
+        tc.cache_variables["KVFUSE_REDIS"] = False
+        tc.cache_variables["KVFUSE_CODECS"] = False
         tc.cache_variables["KVFUSE_BUILD_TESTS"] = False
         tc.cache_variables["KVFUSE_BUILD_EXAMPLES"] = False
         tc.cache_variables["KVFUSE_BUILD_BENCH"] = False
@@ -92,7 +96,7 @@ class KvfuseConan(ConanFile):
         # declared, only theirs count, so the builddir sits on the core component.
         core = self.cpp_info.components["kvfuse"]
         core.set_property("cmake_target_name", "kvfuse::kvfuse")
-        core.requires = ["fmt::fmt"]
+        core.requires = ["fmt::fmt", "xxhash::xxhash"]
         core.builddirs = [os.path.join("lib", "cmake", "kvfuse")]
         core.bindirs = []
         core.libdirs = []

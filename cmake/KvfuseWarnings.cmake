@@ -1,4 +1,4 @@
-# kvfuse_project_options(<target>): warnings (and sanitizers when KVFUSE_SANITIZE) for kvfuse's own
+# kvfuse_project_options(<target>): warnings (and sanitizers when KVFUSE_SANITIZE / KVFUSE_TSAN) for kvfuse's own
 # binaries. Never applied to kvfuse::kvfuse itself, so consumers keep their own flags.
 function(kvfuse_project_options target)
   target_compile_options(${target} PRIVATE
@@ -11,6 +11,10 @@ function(kvfuse_project_options target)
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer>)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+  if(KVFUSE_TSAN)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer>)
+    target_link_options(${target} PRIVATE -fsanitize=thread)
   endif()
 endfunction()
 

@@ -6,7 +6,11 @@ set -euo pipefail
 
 APT_PACKAGES=(
   cmake make g++           # build
-  libfmt-dev               # kvfuse's one public dependency
+  libfmt-dev libxxhash-dev # kvfuse's public dependencies (fmt; XXH3 checksums and keys)
+  libhiredis-dev           # kvfuse::redis (RedisKVStore)
+  redis-server redis-tools # the redis tests start real servers (single node and Cluster)
+  liblz4-dev libzstd-dev   # kvfuse::codecs (compressed stored KV)
+  clang                    # the libFuzzer targets (GGUF, store entries)
   libeigen3-dev            # reference CPU backend (kvfuse::cpu)
   libpcre2-dev pkg-config  # tokenizer pre-tokenizer regexes (kvfuse::cpu)
   nlohmann-json3-dev       # examples reading MuSiQue JSON

@@ -324,7 +324,7 @@ class PrefixHashCompute {
 
   void compute_kv(TokenRange r) {
     for (std::int64_t t = r.begin; t < r.end; ++t) {
-      const std::uint64_t prev = t == 0 ? kFnvOffset : kv_.at(static_cast<std::size_t>(t - 1));
+      const std::uint64_t prev = t == 0 ? kHashSeed : kv_.at(static_cast<std::size_t>(t - 1));
       detail::require(t == 0 || have_[static_cast<std::size_t>(t - 1)], "token {} computed before its prefix", t);
       kv_[static_cast<std::size_t>(t)] = hash_tokens(std::span(&tokens_[static_cast<std::size_t>(t)], 1), prev);
       have_[static_cast<std::size_t>(t)] = 1;

@@ -186,7 +186,7 @@ TEST_CASE("WeightMatrix: rows dequantized on the fly are the whole tensor's dequ
   CHECK_THROWS(WeightMatrix::from_blocks(GGMLType::q8_0, 2, 48, std::vector<std::byte>(102)));  // 48 % 32 != 0
 }
 
-TEST_CASE("CpuLlama on Q8_0 weights equals CpuLlama on their fp32 dequantization: logits, KV, fingerprint") {
+TEST_CASE("CpuLlama on Q8_0 weights equals CpuLlama on their fp32 dequantization: logits and KV") {
   const kvfuse::LlamaConfig c = kvfuse_test::small_llama_config();
   std::mt19937 rng(11);
   const auto q8 = [&](std::int64_t rows, std::int64_t cols) {
@@ -209,7 +209,6 @@ TEST_CASE("CpuLlama on Q8_0 weights equals CpuLlama on their fp32 dequantization
     for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) *m = m->dense();
   const kvfuse::CpuLlama a(c, quantized, kvfuse::CpuLlamaOptions{2, 8});
   const kvfuse::CpuLlama b(c, dense, kvfuse::CpuLlamaOptions{2, 8});
-  CHECK(a.fingerprint() == b.fingerprint());
   std::vector<kvfuse::token_id> tokens;
   for (int i = 0; i < 40; ++i) tokens.push_back(static_cast<kvfuse::token_id>((i * 37 + 5) % c.n_vocab));
   const kvfuse::LlamaPrefill pa = a.full_prefill(tokens);

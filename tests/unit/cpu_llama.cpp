@@ -749,6 +749,25 @@ TEST_CASE("LlamaConfig and LlamaWeights refuse what is not implemented or incons
   CHECK(diff(stretched.prefill_chunk(one, 10).k[0], plain.prefill_chunk(one, 5).k[0]).max_abs <= 1e-6);
 }
 
+TEST_CASE("the fingerprint covers every weight byte: one changed byte inside a tensor of the GGUF file changes it") {
+  LlamaConfig c = tiny_config();
+  c.rms_eps = static_cast<float>(1e-5);
+  const std::vector<std::byte> bytes = tiny_gguf(c, LlamaWeights::random(c, 21), [](GGUFWriter&) {});
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::parse(bytes);
+  const std::uint64_t original = CpuLlama::from_gguf(file).fingerprint();
+  CHECK(CpuLlama::from_gguf(kvfuse::GGUFFile::parse(bytes)).fingerprint() == original);  // deterministic
+  // The lowest mantissa bit of a value in the middle of each tensor (a fine-tune's change, a damaged file); a
+  // fingerprint of the first and last values of each tensor once missed these.
+  for (const char* name : {"token_embd.weight", "blk.1.attn_k.weight", "blk.0.ffn_down.weight", "blk.1.ffn_norm.weight"}) {
+    CAPTURE(name);
+    const std::span<const std::byte> tensor = file.raw(file.tensor(name));  // in place: inside `bytes`
+    const auto at = static_cast<std::size_t>(tensor.data() - bytes.data()) + tensor.size() / 2 / 4 * 4;
+    std::vector<std::byte> changed = bytes;
+    changed[at] ^= std::byte{0x01};
+    CHECK(CpuLlama::from_gguf(kvfuse::GGUFFile::parse(changed)).fingerprint() != original);
+  }
+}
+
 TEST_CASE("LlamaConfig / LlamaWeights from a GGUF file: [ne0 = in, ne1 = out] weights, refusals") {
   LlamaConfig c = tiny_config();
   c.rms_eps = static_cast<float>(1e-5);  // as stored in the file (float32)

@@ -1,6 +1,6 @@
 // DiskKVStore and TieredKVStore: persistence, the file format, rejection of damaged or foreign files, and
 // I/O failures. Expected file names, sizes and header bytes are written out by hand from the format in
-// backend/disk_kv_store.hpp.
+// backend/kv_entry.hpp.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -94,13 +94,14 @@ void check_block_a(const std::optional<KVBlock>& got) {
 
 }  // namespace
 
-TEST_CASE("fnv1a matches the published 64-bit FNV-1a test vectors") {
-  const auto hash = [](std::string_view s) {
-    return kvfuse::fnv1a(std::as_bytes(std::span(s.data(), s.size())));
-  };
-  CHECK(hash("") == 0xcbf29ce484222325ull);
-  CHECK(hash("a") == 0xaf63dc4c8601ec8cull);
-  CHECK(hash("foobar") == 0x85944171f73967e8ull);
+TEST_CASE("xxh3 is XXH3-64 (the published empty-input vector), and Xxh3Stream equals it over the concatenation") {
+  const auto bytes = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
+  CHECK(kvfuse::xxh3(bytes("")) == 0x2D06800538D394C2ull);
+  CHECK(kvfuse::xxh3(bytes("foobar")) != kvfuse::xxh3(bytes("foobaz")));
+  CHECK(kvfuse::xxh3(bytes("foobar"), 7) != kvfuse::xxh3(bytes("foobar")));
+  kvfuse::Xxh3Stream stream(7);
+  stream.update(bytes("foo")).update(bytes("bar"));
+  CHECK(stream.digest() == kvfuse::xxh3(bytes("foobar"), 7));
 }
 
 TEST_CASE("DiskKVStore round-trips bytes, num_tokens and first_position in the documented file format") {
@@ -122,7 +123,7 @@ TEST_CASE("DiskKVStore round-trips bytes, num_tokens and first_position in the d
   const std::vector<unsigned char> raw = file_bytes(file);
   REQUIRE(raw.size() == 76);  // 64-byte header + one page-table entry + 4 payload bytes
   CHECK(std::string(raw.begin(), raw.begin() + 8) == "KVFUSEKV");
-  CHECK(u64_at(raw, 8) == (std::uint64_t{65536} << 32 | 2));  // u32 version 2, then the u32 page size
+  CHECK(u64_at(raw, 8) == (std::uint64_t{65536} << 32 | 3));  // u32 version 3, then the u32 page size
   CHECK(u64_at(raw, 16) == 0x1);
   CHECK(u64_at(raw, 24) == 0xab);
   CHECK(u64_at(raw, 32) == 7);
@@ -130,11 +131,11 @@ TEST_CASE("DiskKVStore round-trips bytes, num_tokens and first_position in the d
   CHECK(u64_at(raw, 48) == 4);
   std::vector<std::byte> page(4);
   std::memcpy(page.data(), raw.data() + 72, 4);
-  CHECK(u64_at(raw, 64) == kvfuse::fnv1a(page));
-  std::vector<std::byte> checked(56 + 8);
-  std::memcpy(checked.data(), raw.data(), 56);
-  std::memcpy(checked.data() + 56, raw.data() + 64, 8);
-  CHECK(u64_at(raw, 56) == kvfuse::fnv1a(checked));
+  CHECK(u64_at(raw, 64) == kvfuse::xxh3(page));
+  std::vector<std::byte> header(56), table(8);
+  std::memcpy(header.data(), raw.data(), 56);
+  std::memcpy(table.data(), raw.data() + 64, 8);
+  CHECK(u64_at(raw, 56) == kvfuse::xxh3(table, kvfuse::xxh3(header)));
   CHECK(raw[72] == 0x01);
   CHECK(raw[75] == 0xfa);
 
@@ -214,7 +215,7 @@ TEST_CASE("DiskKVStore rejects truncated files, wrong magic and unsupported vers
     store.put(key_a, block_a);
     fs::resize_file(file, 66);
     CHECK_FALSE(store.get(key_a).has_value());
-    CHECK(contains_text(store.last_rejection(), "payload size 4 does not match file size 66"));
+    CHECK(contains_text(store.last_rejection(), "payload size 4 does not match entry size 66"));
   }
   SUBCASE("header cut short") {
     store.put(key_a, block_a);
@@ -370,15 +371,15 @@ TEST_CASE("TieredKVStore promotes slow hits and keeps serving from memory when t
   tiered.put(key_b, make_block(2, {0x0b, 0x0c}, 9));
   CHECK(memory.contains(key_b));
   CHECK(disk.contains(key_b));
-  CHECK(tiered.slow_put_failures() == 0);
-  CHECK(tiered.last_slow_error().empty());
+  CHECK(tiered.put_failures(1) == 0);
+  CHECK(tiered.last_put_error(1).empty());
 
   // The disk tier goes away: reads are served from memory, puts keep the block in memory and record why.
   fs::remove_all(tmp.path / "disk");
   const KVKey key_c{0x1, 0xcc};
   CHECK_NOTHROW(tiered.put(key_c, make_block(3, {0x0c}, 11)));
-  CHECK(tiered.slow_put_failures() == 1);
-  CHECK(contains_text(tiered.last_slow_error(), (tmp.path / "disk").string()));
+  CHECK(tiered.put_failures(1) == 1);
+  CHECK(contains_text(tiered.last_put_error(1), (tmp.path / "disk").string()));
   const auto c = tiered.get(key_c);
   REQUIRE(c.has_value());
   CHECK(c->num_tokens == 3);

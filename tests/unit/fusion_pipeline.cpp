@@ -339,7 +339,7 @@ TEST_CASE("a store that goes away mid-request loses nothing: missing entries bec
 
   // Writing into the vanished directory fails in the disk tier only; the memory tier keeps the entries.
   CHECK(pipeline.store_chunk_caches(p.tokens, p.layout) == 3);
-  CHECK(tiered.slow_put_failures() == 3);
+  CHECK(tiered.put_failures(1) == 3);
   CHECK(pipeline.run(p.tokens, p.layout, NaiveReuse{}).rejected_entries == 0);
 }
 

@@ -19,8 +19,11 @@
 //   s.get(key)        -> std::optional<KVBlock>: the block, or nullopt when absent
 //   s.put(key, block) -> void: insert or replace
 //   s.erase(key)      -> bool: whether something was removed
-// A get() may be called from another thread than put(); models must be safe for one reader thread
-// plus one writer thread at a time (the loader's I/O thread and the engine).
+// Thread safety: kvfuse's own stores (InMemoryKVStore, DiskKVStore, TieredKVStore and ThrottledKVStore over safe
+// stores) are safe for any number of concurrent threads, on distinct and the same keys: several pipelines (one per
+// engine) share one store, and each reads from its I/O thread while others put and erase. A store an engine brings
+// must be too when it is shared so; one pipeline alone needs one reader thread (its loader's I/O thread) plus one
+// writer thread (the engine) at a time.
 //
 // RangedKVStore — a KVStore that also reads part of an entry (the layer-pipelined loader of FusionPipeline
 // reads one layer of a stored block at a time):
@@ -31,11 +34,11 @@
 //                                             when it is gone, was replaced since (another info.version) or
 //                                             fails the store's checks. offset + size <= info.bytes.
 //
-// MeasuredTierStore — a KVStore of several tiers (fastest first) that measures each tier's reads and places new
-// entries as told (TieredKVStore); FusionPipeline asks CacheBlend §5.1's loading controller where they belong:
-//   s.tier_devices()    -> std::vector<StorageDevice>: per tier its cost per GB and its measured read throughput
-//                          (0 while unmeasured)
-//   s.set_placement(i)  -> void: new entries go to tier i and the slower ones (0: every tier)
+// MeasuredTierStore — a KVStore of any number of tiers (fastest first) that measures each tier's reads and places
+// new entries as told (TieredKVStore); FusionPipeline asks CacheBlend §5.1's loading controller where they belong:
+//   s.tier_devices()    -> std::vector<StorageDevice>: one per tier, fastest first: its name, its cost per GB and
+//                          its measured read throughput (0 while unmeasured)
+//   s.set_placement(i)  -> void: new entries go to tier i and the slower ones (0: every tier), not the faster ones
 //
 // CostModeledCompute / CostModeledStore — optional refinements for backends that run in virtual time
 // (the simulated backends): instead of taking wall time, an operation reports when it would finish if

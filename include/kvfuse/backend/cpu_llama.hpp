@@ -176,7 +176,7 @@ class CpuLlamaFusion {
   [[nodiscard]] std::uint64_t model_fingerprint() const noexcept {
     if (storage_ == DType::f32) return model_->fingerprint();
     const std::uint64_t parts[2] = {model_->fingerprint(), static_cast<std::uint64_t>(storage_)};
-    return fnv1a(std::as_bytes(std::span(parts)));
+    return xxh3(std::as_bytes(std::span(parts)));
   }
   [[nodiscard]] std::int64_t num_layers() const noexcept { return model_->config().n_layer; }
   [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const {

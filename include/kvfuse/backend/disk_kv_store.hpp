@@ -5,30 +5,18 @@
 // InMemoryKVStore with TieredKVStore, backend/tiered_kv_store.hpp). Files are named
 // "<model:016x>-<content:016x>.kvb" after the key.
 //
-// File format, version 2 (integers in host byte order: little-endian on every host kvfuse targets; a
-// big-endian reader sees version 0x02000000 and rejects the file rather than misreading it):
-//   offset  0  char[8]  magic "KVFUSEKV"
-//           8  u32      format version (2)
-//          12  u32      page size P in bytes (65536): the payload is checksummed page by page
-//          16  u64      key.model
-//          24  u64      key.content
-//          32  i64      num_tokens
-//          40  i64      first_position
-//          48  u64      payload byte count B
-//          56  u64      header checksum: 64-bit FNV-1a over bytes [0, 56) and then the page table
-//          64  u64[ceil(B / P)]  page table: FNV-1a of each payload page (the last one may be short)
-//   64 + 8 ceil(B / P)  bytes    payload (KVBlock::bytes)
-// Pages make ranged reads checkable (RangedKVStore: get_range reads the header, the page table and only the
-// pages a byte range touches, as the layer-pipelined loader reads one layer of a block); the header checksum
-// doubles as the entry's version (KVBlockInfo::version), so a range read of an entry replaced since
-// describe() fails instead of mixing two entries. Version-1 files (one whole-payload checksum) are rejected
-// as unsupported: a cache miss, recomputed and rewritten.
+// Each file is one stored entry in kvfuse's entry format (backend/kv_entry.hpp: magic, version, model, key, token
+// count, first position, payload size, XXH3 checksums of the header and of each 64 KiB payload page), the format
+// RedisKVStore stores too. Ranged reads (RangedKVStore: get_range) read the header, the page table and only the
+// pages a byte range touches, as the layer-pipelined loader reads one layer of a block.
 //
 // put() writes a temp file in the same directory ("<name>.<pid>-<n>.tmp") and renames it over the entry, so a
 // reader sees the old file or the new one, never a half-written one; failures throw kvfuse::error naming the
 // file and remove the temp file. There is no fsync: after a crash an entry may be missing or, on file systems
-// that reorder data and metadata, damaged — get() detects that. Temp files of crashed writers are never read
-// and may be deleted while no writer runs.
+// that reorder data and metadata, damaged — get() detects that. Temp files of writers that died mid-put are never
+// read; the constructor sweeps them (sweep_temp_files): a temp file whose writer process is gone, or older than
+// DiskKVStoreOptions::temp_max_age, is removed. (Writer processes are checked by pid: on a directory shared across
+// hosts or pid namespaces only the age applies — set temp_max_age above the longest put there.)
 //
 // get() trusts nothing: a file with the wrong magic or version, a short file, a payload size that does not
 // match the file size, a bad checksum, or a header naming another key (a "foreign" file copied under this
@@ -36,22 +24,25 @@
 // older one) for inspection, and rejected() / last_rejection() count and explain it. An I/O error while
 // reading an existing file is a rejection too, not an exception.
 //
-// Thread safety: one reader thread plus one writer thread at a time (the KVStore contract). Writers of other
-// DiskKVStore instances or processes on the same directory are safe for readers (atomic rename), but a
-// rejection racing another instance's put may move that put's fresh file aside (it is then a cache miss).
+// Thread safety: every call may run concurrently with any other, on the same key or not, from any number of
+// threads, instances and processes on the same directory: writes are atomic renames, reads check what they read.
+// A rejection racing another instance's put may move that put's fresh file aside (it is then a cache miss).
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -64,36 +55,12 @@
 #include <fmt/format.h>
 
 #include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/backend/kv_entry.hpp"
 #include "kvfuse/core/error.hpp"
-#include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/types.hpp"
 
 namespace kvfuse {
 namespace detail {
-
-inline constexpr std::string_view kv_file_magic = "KVFUSEKV";
-inline constexpr std::uint32_t kv_file_version = 2;
-inline constexpr std::uint32_t kv_file_page_bytes = 65536;
-inline constexpr std::size_t kv_file_checksum_offset = 56;
-inline constexpr std::size_t kv_file_header_bytes = 64;
-
-[[nodiscard]] constexpr std::uint64_t kv_file_pages(std::uint64_t payload, std::uint64_t page) noexcept {
-  return payload / page + (payload % page != 0 ? 1 : 0);
-}
-
-using KVFileHeaderBytes = std::array<std::byte, kv_file_header_bytes>;
-
-template <class T>
-void kv_file_store(KVFileHeaderBytes& header, std::size_t offset, T value) noexcept {
-  std::memcpy(header.data() + offset, &value, sizeof(T));
-}
-
-template <class T>
-[[nodiscard]] T kv_file_load(const KVFileHeaderBytes& header, std::size_t offset) noexcept {
-  T value;
-  std::memcpy(&value, header.data() + offset, sizeof(T));
-  return value;
-}
 
 // Closes a POSIX file descriptor on scope exit.
 class ScopedFd {
@@ -123,17 +90,57 @@ class ScopedFd {
 
 }  // namespace detail
 
+struct DiskKVStoreOptions {
+  // A temp file older than this is a dead writer's, whatever its pid says (see sweep_temp_files).
+  std::chrono::seconds temp_max_age{std::chrono::hours(1)};
+};
+
 class DiskKVStore {
  public:
   // Creates `dir` (and its parents) when missing; throws kvfuse::error naming `dir` when it cannot, or when
-  // it exists and is not a directory.
-  explicit DiskKVStore(std::filesystem::path dir) : dir_(std::move(dir)) {
+  // it exists and is not a directory. Then sweeps the temp files of dead writers (sweep_temp_files).
+  explicit DiskKVStore(std::filesystem::path dir, DiskKVStoreOptions options = {})
+      : dir_(std::move(dir)), options_(options) {
+    detail::require(options_.temp_max_age.count() >= 0, "DiskKVStoreOptions: temp_max_age = {} s must be >= 0",
+                    options_.temp_max_age.count());
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec || !std::filesystem::is_directory(dir_)) {
       throw error(fmt::format("DiskKVStore: cannot use '{}' as a store directory: {}", dir_.string(),
                               ec ? ec.message() : std::string("exists and is not a directory")));
     }
+    (void)sweep_temp_files();
+  }
+
+  // Removes the temp files ("<entry>.kvb.<pid>-<n>.tmp") that no live put will rename: those whose writer pid no
+  // longer runs on this host, and those older than DiskKVStoreOptions::temp_max_age. Returns how many it removed.
+  // Safe while other writers run: a live writer's temp file is younger than temp_max_age and its pid is alive.
+  std::int64_t sweep_temp_files() {
+    std::int64_t removed = 0;
+    std::error_code ec;
+    const auto now = std::filesystem::file_time_type::clock::now();
+    for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      const std::optional<::pid_t> writer = temp_file_writer(name);
+      if (!writer) continue;
+      std::error_code stat_ec;
+      const auto modified = e.last_write_time(stat_ec);
+      if (stat_ec) continue;  // already gone (renamed by its writer, or swept by another instance)
+      const bool dead = *writer != ::getpid() && ::kill(*writer, 0) != 0 && errno == ESRCH;
+      if (dead || now - modified > options_.temp_max_age) {
+        std::error_code rm_ec;
+        if (std::filesystem::remove(e.path(), rm_ec)) ++removed;
+      }
+    }
+    std::lock_guard lock(mutex_);
+    swept_ += removed;
+    return removed;
+  }
+
+  // Temp files removed by sweeps so far.
+  [[nodiscard]] std::int64_t swept() const {
+    std::lock_guard lock(mutex_);
+    return swept_;
   }
 
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return dir_; }
@@ -152,11 +159,11 @@ class DiskKVStore {
   // The block, or nullopt when the file is absent or rejected (see the header comment).
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
     std::optional<KVBlock> out;
-    (void)with_entry(key, [&](int fd, const Entry& e) -> std::string {
+    (void)with_entry(key, [&](int fd, const KVEntryLayout& e) -> std::string {
       KVBlock block{e.info.num_tokens, std::vector<std::byte>(static_cast<std::size_t>(e.info.bytes)),
                     e.info.first_position};
       if (std::string why = detail::pread_exact(fd, block.bytes, e.payload_offset); !why.empty()) return why;
-      if (std::string why = check_pages(e, 0, block.bytes); !why.empty()) return why;
+      if (std::string why = check_kv_entry_pages(e, 0, block.bytes); !why.empty()) return why;
       out = std::move(block);
       return {};
     });
@@ -167,7 +174,7 @@ class DiskKVStore {
   // file is absent or rejected. No payload byte is read.
   [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key) {
     std::optional<KVBlockInfo> out;
-    (void)with_entry(key, [&](int, const Entry& e) -> std::string {
+    (void)with_entry(key, [&](int, const KVEntryLayout& e) -> std::string {
       out = e.info;
       return {};
     });
@@ -182,21 +189,14 @@ class DiskKVStore {
     detail::require(offset <= info.bytes && size <= info.bytes - offset,
                     "DiskKVStore::get_range: bytes [{}, {}) of a {}-byte entry", offset, offset + size, info.bytes);
     std::optional<std::vector<std::byte>> out;
-    const bool same = with_entry(key, [&](int fd, const Entry& e) -> std::string {
+    const bool same = with_entry(key, [&](int fd, const KVEntryLayout& e) -> std::string {
       if (e.info.version != info.version || e.info.bytes != info.bytes) return {};  // replaced since describe()
-      if (size == 0) {
-        out.emplace();
-        return {};
-      }
-      const std::uint64_t page = e.page_bytes;
-      const std::uint64_t first = offset / page;
-      const std::uint64_t last = size == 0 ? first : (offset + size - 1) / page + 1;  // pages [first, last)
-      const std::uint64_t begin = first * page;
-      std::vector<std::byte> pages(static_cast<std::size_t>(std::min(last * page, e.info.bytes) - begin));
-      if (std::string why = detail::pread_exact(fd, pages, e.payload_offset + begin); !why.empty()) return why;
-      if (std::string why = check_pages(e, first, pages); !why.empty()) return why;
-      const auto skip = static_cast<std::ptrdiff_t>(offset - begin);
-      out.emplace(pages.begin() + skip, pages.begin() + skip + static_cast<std::ptrdiff_t>(size));
+      const KVEntryPageSpan pages = kv_entry_page_span(e, offset, size);
+      std::vector<std::byte> bytes(static_cast<std::size_t>(pages.end - pages.begin));
+      if (std::string why = detail::pread_exact(fd, bytes, e.payload_offset + pages.begin); !why.empty()) return why;
+      if (std::string why = check_kv_entry_pages(e, pages.first_page, bytes); !why.empty()) return why;
+      const auto skip = static_cast<std::ptrdiff_t>(offset - pages.begin);
+      out.emplace(bytes.begin() + skip, bytes.begin() + skip + static_cast<std::ptrdiff_t>(size));
       return {};
     });
     if (!same) return std::nullopt;
@@ -251,34 +251,14 @@ class DiskKVStore {
  private:
   static void write_entry(const std::filesystem::path& temp, const std::filesystem::path& path, const KVKey& key,
                           const KVBlock& block) {
-    detail::KVFileHeaderBytes header{};
-    std::memcpy(header.data(), detail::kv_file_magic.data(), detail::kv_file_magic.size());
-    detail::kv_file_store<std::uint32_t>(header, 8, detail::kv_file_version);
-    detail::kv_file_store<std::uint32_t>(header, 12, detail::kv_file_page_bytes);
-    detail::kv_file_store<std::uint64_t>(header, 16, key.model);
-    detail::kv_file_store<std::uint64_t>(header, 24, key.content);
-    detail::kv_file_store<std::int64_t>(header, 32, block.num_tokens);
-    detail::kv_file_store<std::int64_t>(header, 40, block.first_position);
-    detail::kv_file_store<std::uint64_t>(header, 48, block.bytes.size());
-    const std::span<const std::byte> payload(block.bytes);
-    std::vector<std::uint64_t> table(
-        static_cast<std::size_t>(detail::kv_file_pages(payload.size(), detail::kv_file_page_bytes)));
-    for (std::size_t i = 0; i < table.size(); ++i) {
-      const std::size_t at = i * detail::kv_file_page_bytes;
-      table[i] = fnv1a(payload.subspan(at, std::min<std::size_t>(detail::kv_file_page_bytes, payload.size() - at)));
-    }
-    const std::uint64_t checksum =
-        fnv1a(std::as_bytes(std::span(table)), fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
-    detail::kv_file_store<std::uint64_t>(header, detail::kv_file_checksum_offset, checksum);
-
+    const std::vector<std::byte> prefix = kv_entry_prefix(key, block);
     errno = 0;
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     if (!out.is_open()) {
       throw error(fmt::format("DiskKVStore: cannot store '{}': cannot create temp file '{}': {}", path.string(),
                               temp.string(), errno_reason()));
     }
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
-    out.write(reinterpret_cast<const char*>(table.data()), static_cast<std::streamsize>(table.size() * sizeof(std::uint64_t)));
+    out.write(reinterpret_cast<const char*>(prefix.data()), static_cast<std::streamsize>(prefix.size()));
     if (!block.bytes.empty()) {
       out.write(reinterpret_cast<const char*>(block.bytes.data()), static_cast<std::streamsize>(block.bytes.size()));
     }
@@ -287,21 +267,32 @@ class DiskKVStore {
     if (!out.good()) {
       throw error(fmt::format("DiskKVStore: cannot store '{}': writing temp file '{}' ({} bytes) failed: {}",
                               path.string(), temp.string(),
-                              header.size() + table.size() * sizeof(std::uint64_t) + block.bytes.size(), errno_reason()));
+                              prefix.size() + block.bytes.size(), errno_reason()));
     }
+  }
+
+  // The writer pid of a temp file name "<16 hex>-<16 hex>.kvb.<pid>-<n>.tmp", or nullopt for any other name.
+  [[nodiscard]] static std::optional<::pid_t> temp_file_writer(std::string_view name) {
+    constexpr std::string_view entry_suffix = ".kvb.";
+    constexpr std::string_view temp_suffix = ".tmp";
+    const std::size_t at = name.find(entry_suffix);
+    if (at != 33 || !name.ends_with(temp_suffix)) return std::nullopt;
+    const std::string_view tail = name.substr(at + entry_suffix.size(),
+                                              name.size() - at - entry_suffix.size() - temp_suffix.size());
+    const std::size_t dash = tail.find('-');
+    if (dash == 0 || dash == std::string_view::npos) return std::nullopt;
+    std::int64_t pid = 0;
+    for (const char c : tail.substr(0, dash)) {
+      if (c < '0' || c > '9') return std::nullopt;
+      pid = pid * 10 + (c - '0');
+      if (pid > std::numeric_limits<::pid_t>::max()) return std::nullopt;
+    }
+    return pid > 0 ? std::optional<::pid_t>(static_cast<::pid_t>(pid)) : std::nullopt;
   }
 
   [[nodiscard]] static std::string errno_reason() {
     return errno != 0 ? std::string(std::strerror(errno)) : std::string("stream error");
   }
-
-  // A checked header and page table of an open entry.
-  struct Entry {
-    KVBlockInfo info;
-    std::uint64_t page_bytes = 0;
-    std::uint64_t payload_offset = 0;
-    std::vector<std::uint64_t> pages;  // FNV-1a of each payload page
-  };
 
   // Opens the key's file and runs `use(fd, entry)` on its checked header; a reason `use` returns rejects the
   // file like a bad header. Returns false when the file is absent or rejected.
@@ -320,7 +311,7 @@ class DiskKVStore {
       reject(path, nullptr, fmt::format("cannot stat: {}", std::strerror(errno)));
       return false;
     }
-    Entry entry;
+    KVEntryLayout entry;
     std::string reason = read_header(fd, st, key, entry);
     if (reason.empty()) reason = use(fd, entry);
     if (reason.empty()) return true;
@@ -328,72 +319,19 @@ class DiskKVStore {
     return false;
   }
 
-  // Reads and validates the header and page table of the open entry; returns an empty string, or why it is
-  // rejected.
-  [[nodiscard]] static std::string read_header(int fd, const struct stat& st, const KVKey& key, Entry& entry) {
+  // Reads and checks the header and page table of the open entry (backend/kv_entry.hpp); returns an empty string,
+  // or why it is rejected.
+  [[nodiscard]] static std::string read_header(int fd, const struct stat& st, const KVKey& key, KVEntryLayout& entry) {
     if (!S_ISREG(st.st_mode)) return "not a regular file";
     const auto file_size = static_cast<std::uint64_t>(st.st_size);
-    if (file_size < detail::kv_file_header_bytes) {
-      return fmt::format("truncated: {} bytes, shorter than the {}-byte header", file_size,
-                         detail::kv_file_header_bytes);
+    std::array<std::byte, kv_entry_header_bytes> header{};
+    if (file_size >= header.size()) {
+      if (std::string why = detail::pread_exact(fd, header, 0); !why.empty()) return why;
     }
-    detail::KVFileHeaderBytes header{};
-    if (std::string why = detail::pread_exact(fd, header, 0); !why.empty()) return why;
-    if (std::memcmp(header.data(), detail::kv_file_magic.data(), detail::kv_file_magic.size()) != 0) {
-      return "wrong magic (not a kvfuse KV file)";
-    }
-    if (const auto version = detail::kv_file_load<std::uint32_t>(header, 8); version != detail::kv_file_version) {
-      return fmt::format("unsupported format version {} (this reader knows {})", version, detail::kv_file_version);
-    }
-    entry.page_bytes = detail::kv_file_load<std::uint32_t>(header, 12);
-    if (entry.page_bytes == 0) return "page size 0";
-    const auto payload_bytes = detail::kv_file_load<std::uint64_t>(header, 48);
-    const std::uint64_t pages = detail::kv_file_pages(payload_bytes, entry.page_bytes);
-    entry.payload_offset = detail::kv_file_header_bytes + pages * sizeof(std::uint64_t);
-    if (payload_bytes > file_size || pages > file_size / sizeof(std::uint64_t) ||
-        entry.payload_offset + payload_bytes != file_size) {
-      return fmt::format("payload size {} does not match file size {} (expected {} + {} header and page-table bytes)",
-                         payload_bytes, file_size, payload_bytes, entry.payload_offset);
-    }
-    entry.pages.resize(static_cast<std::size_t>(pages));
-    if (std::string why = detail::pread_exact(fd, std::as_writable_bytes(std::span(entry.pages)),
-                                              detail::kv_file_header_bytes);
-        !why.empty()) {
-      return why;
-    }
-    const auto stored = detail::kv_file_load<std::uint64_t>(header, detail::kv_file_checksum_offset);
-    const std::uint64_t computed = fnv1a(std::as_bytes(std::span(entry.pages)),
-                                         fnv1a(std::span(header).first<detail::kv_file_checksum_offset>()));
-    if (stored != computed) {
-      return fmt::format("header checksum mismatch: stored 0x{:016x}, computed 0x{:016x}", stored, computed);
-    }
-    if (const auto model = detail::kv_file_load<std::uint64_t>(header, 16); model != key.model) {
-      return fmt::format("foreign entry: model 0x{:016x} but key wants 0x{:016x}", model, key.model);
-    }
-    if (const auto content = detail::kv_file_load<std::uint64_t>(header, 24); content != key.content) {
-      return fmt::format("foreign entry: content 0x{:016x} but key wants 0x{:016x}", content, key.content);
-    }
-    entry.info.num_tokens = detail::kv_file_load<std::int64_t>(header, 32);
-    if (entry.info.num_tokens < 0) return fmt::format("num_tokens = {} is negative", entry.info.num_tokens);
-    entry.info.first_position = detail::kv_file_load<std::int64_t>(header, 40);
-    entry.info.bytes = payload_bytes;
-    entry.info.version = stored;
-    return {};
-  }
-
-  // Checks payload pages [first, first + n) read into `bytes` (whole pages; the entry's last page may be short)
-  // against the page table; returns an empty string, or why they fail.
-  [[nodiscard]] static std::string check_pages(const Entry& e, std::uint64_t first, std::span<const std::byte> bytes) {
-    for (std::size_t at = 0; at < bytes.size(); at += static_cast<std::size_t>(e.page_bytes)) {
-      const std::uint64_t page = first + at / e.page_bytes;
-      const std::uint64_t computed =
-          fnv1a(bytes.subspan(at, std::min<std::size_t>(static_cast<std::size_t>(e.page_bytes), bytes.size() - at)));
-      if (computed != e.pages[static_cast<std::size_t>(page)]) {
-        return fmt::format("checksum mismatch in payload page {} (bytes {} ..): stored 0x{:016x}, computed 0x{:016x}",
-                           page, page * e.page_bytes, e.pages[static_cast<std::size_t>(page)], computed);
-      }
-    }
-    return {};
+    if (std::string why = parse_kv_entry_header(header, file_size, key, entry); !why.empty()) return why;
+    std::vector<std::byte> table(static_cast<std::size_t>(entry.payload_offset - kv_entry_header_bytes));
+    if (std::string why = detail::pread_exact(fd, table, kv_entry_header_bytes); !why.empty()) return why;
+    return parse_kv_entry_pages(header, table, entry);
   }
 
   // Counts a rejection and moves the file to "<name>.rejected". When `opened` is given, the file is moved only
@@ -421,8 +359,10 @@ class DiskKVStore {
   inline static std::atomic<std::uint64_t> temp_counter_{0};
 
   std::filesystem::path dir_;
+  DiskKVStoreOptions options_;
   mutable std::mutex mutex_;  // guards the counters; serializes renames with rejections
   std::int64_t rejected_ = 0;
+  std::int64_t swept_ = 0;
   std::string last_rejection_;
 };
 

@@ -1,7 +1,10 @@
 #pragma once
-// InMemoryKVStore: a thread-safe KVStore in host memory (also a RangedKVStore: describe / get_range copy part
-// of an entry, as the layer-pipelined loader reads a layer). The default store for tests, examples and engines
-// that keep chunk caches in DRAM. An entry's version is the number of its put (a store-wide counter).
+// InMemoryKVStore: a KVStore in host memory (also a RangedKVStore: describe / get_range copy part of an entry, as
+// the layer-pipelined loader reads a layer). The default store for tests, examples and engines that keep chunk
+// caches in DRAM. An entry's version is the number of its put (a store-wide counter).
+//
+// Thread safety: safe for any number of concurrent threads, on distinct and the same keys: one mutex guards the
+// map, and every call copies under it (a get returns a copy, never a reference into the map).
 
 #include <cstddef>
 #include <cstdint>

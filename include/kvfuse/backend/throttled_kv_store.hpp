@@ -12,8 +12,9 @@
 // It also measures what it served (ReadStats: bytes returned, seconds spent in reads, reads), so a loading
 // controller can be fed the tier's measured throughput rather than its nominal one.
 //
-// Thread safety: as `inner` for the calls forwarded to it; the link state and the statistics are guarded by
-// a mutex, so gets from several threads are safe when `inner`'s are. The sleep happens outside the lock.
+// Thread safety: safe for any number of concurrent threads when `inner` is (every kvfuse store is): the calls are
+// forwarded to `inner`, and the link state and the statistics are guarded by a mutex. The sleep happens outside
+// the lock, so concurrent reads wait on the link together.
 
 #include <algorithm>
 #include <chrono>

@@ -1,38 +1,54 @@
 #pragma once
-// TieredKVStore: two KVStores used as one, a fast tier (memory) in front of a slow one (disk).
+// TieredKVStore: any number of KVStores used as one, fastest first (memory → disk → remote).
 //
-// When to use it: a chunk cache that serves hot entries from DRAM and keeps every entry on disk, e.g.
-// TieredKVStore<InMemoryKVStore, DiskKVStore>. It holds references; both stores must outlive it.
-//   get:      the fast tier; on a miss the slow tier, and a slow hit is copied into the fast tier (promotion).
-//   describe / get_range (RangedKVStore, when both tiers are): from the tier describe found the entry in
-//             (KVBlockInfo::tier: 0 fast, 1 slow). Ranged reads do not promote: a layer-pipelined load reads
-//             the slow tier each time until a whole get promotes the entry.
-//   put:      into both (placement 0), or into the slow tier only (placement 1, set_placement: where CacheBlend
-//             §5.1's loading controller says the slow tier does not delay the first token). When the slow
-//             tier's put throws kvfuse::error (disk full, directory gone), the block is put in the fast tier,
-//             the failure is counted and kept (slow_put_failures(), last_slow_error()) and put does not throw:
-//             losing the disk copy must not lose the request.
-//   contains: either tier.
-//   erase:    both tiers; true if either had the key.
-// Nothing is evicted here: bound the fast tier by erasing from it directly.
+// When to use it: a chunk cache that serves hot entries from DRAM and keeps every entry on disk or on a shared
+// server, e.g. TieredKVStore<InMemoryKVStore, DiskKVStore> or TieredKVStore<InMemoryKVStore, DiskKVStore,
+// RedisKVStore>. It holds references; the tiers must outlive it.
+//   get:      the first tier that has the key; a hit in tier i is copied into the faster tiers 0 .. i−1
+//             (promotion). A promotion is dropped when a put or erase of the key (or of another key of its lock
+//             stripe) ran since the get began, so an erase that returned stays an erase (FusionPipeline erases the
+//             KV of evicted Cache-Craft variants) and a put is never overwritten by an older read.
+//   describe / get_range (RangedKVStore, when every tier is): from the tier describe found the entry in
+//             (KVBlockInfo::tier). Ranged reads do not promote: a layer-pipelined load reads the slower tier each
+//             time until a whole get promotes the entry.
+//   put:      into the placement tier p (set_placement, 0 at first: where CacheBlend §5.1's loading controller says
+//             a tier does not delay the first token) and the slower ones, by the write policy (TieredConfig::write):
+//               write_through  tiers p .. N−1, synchronously.
+//               write_back     tier p synchronously; tiers p+1 .. N−1 by flush() (the destructor flushes too). The
+//                              pending block is held here until then; a later put or erase of the key replaces or
+//                              cancels it. Losing the process before a flush loses only the slower copies.
+//             A tier's put that throws kvfuse::error (disk full, directory gone, server down) is counted and kept per
+//             tier (put_failures, last_put_error; slow_put_failures, last_slow_error over every tier but the first) and
+//             put does not throw: losing a copy must not lose the request.
+//             When no tier that should hold the block took it, the faster tiers are tried, p−1 down to 0.
+//   contains: any tier.
+//   erase:    every tier, and the pending write; true if any tier had the key.
+// Nothing is evicted here: bound a tier by erasing from it directly.
 //
 // Each tier's reads are measured (tier_stats), and tier_devices() describes the tiers as the loading controller
-// sees them: their cost per GB (TierCosts, given) and their measured read throughput.
+// sees them: their name and cost per GB (TierSpec, given) and their measured read throughput.
 //
-// Thread safety: as safe as the two stores (one reader plus one writer thread for the kvfuse models). A
-// promotion racing a put of the same key may leave the fast tier with the slow tier's older block; keys are
-// content hashes, so both blocks hold the same KV.
+// Thread safety: safe for any number of concurrent threads, on distinct and the same keys, when the tiers are (every
+// kvfuse store is). Writes of one key are serialized: puts, erases, promotions and flushes of a key hold one of
+// kStripes locks (chosen by the key's hash) while they write, so they never interleave tier by tier; reads take
+// no lock, and a promotion checks the stripe's write count under it. A flush holds each stripe's lock while it
+// writes that stripe's pending blocks into the slower tiers.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/backend/disk_kv_store.hpp"
@@ -43,97 +59,193 @@
 
 namespace kvfuse {
 
-// The cost of keeping a GB in each tier (CacheBlend §5.1's C_store), in any unit: only their order matters to
-// LoadingController::choose_device. Default: memory ten times the disk.
-struct TierCosts {
-  double fast_per_gb = 1.0;
-  double slow_per_gb = 0.1;
+// When put() writes the tiers slower than the placement tier.
+enum class WritePolicy {
+  write_through,  // synchronously, in put()
+  write_back,     // in flush()
 };
 
-// Two tiers exactly: a tiered store inside another would have its tier tags (KVBlockInfo::tier) overwritten.
-template <KVStore Fast, KVStore Slow>
-  requires(!MeasuredTierStore<Fast> && !MeasuredTierStore<Slow>)
+// One tier as the loading controller sees it.
+struct TierSpec {
+  std::string name;
+  double cost_per_gb = 0.0;  // CacheBlend §5.1's C_store of a GB in this tier, any unit: only the order matters
+};
+
+struct TieredConfig {
+  // One per tier, fastest first. Empty: "tier0", "tier1", ..., each tier a tenth of the cost of the one before it
+  // (1, 0.1, 0.01, ...).
+  std::vector<TierSpec> tiers;
+  WritePolicy write = WritePolicy::write_through;
+
+  void validate(std::size_t num_tiers) const {
+    detail::require(tiers.empty() || tiers.size() == num_tiers, "TieredConfig: {} tier specs for a {}-tier store",
+                    tiers.size(), num_tiers);
+    for (std::size_t i = 0; i < tiers.size(); ++i) {
+      detail::require(!tiers[i].name.empty(), "TieredConfig: tier {} has no name", i);
+      detail::require_finite_nonneg(tiers[i].cost_per_gb, fmt::format("TieredConfig: tier '{}' cost_per_gb", tiers[i].name));
+    }
+  }
+};
+
+// At least two tiers, none of them tiered: a tiered store inside another would have its tier tags
+// (KVBlockInfo::tier) overwritten.
+template <KVStore... Tiers>
+  requires(sizeof...(Tiers) >= 2 && (!MeasuredTierStore<Tiers> && ...))
 class TieredKVStore {
  public:
-  TieredKVStore(Fast& fast, Slow& slow, TierCosts costs = {}) noexcept : fast_(fast), slow_(slow), costs_(costs) {}
+  static constexpr std::size_t kTiers = sizeof...(Tiers);
+  static constexpr std::size_t kStripes = 64;  // locks that serialize the writes of one key
 
-  [[nodiscard]] bool contains(const KVKey& key) const { return fast_.contains(key) || slow_.contains(key); }
+  TieredKVStore(Tiers&... tiers) : TieredKVStore(TieredConfig{}, tiers...) {}
+  TieredKVStore(TieredConfig config, Tiers&... tiers) : tiers_(tiers...), config_(std::move(config)) {
+    config_.validate(kTiers);
+    if (config_.tiers.empty()) {
+      double cost = 1.0;
+      for (std::size_t i = 0; i < kTiers; ++i, cost /= 10) config_.tiers.push_back({fmt::format("tier{}", i), cost});
+    }
+  }
+  TieredKVStore(const TieredKVStore&) = delete;
+  TieredKVStore& operator=(const TieredKVStore&) = delete;
+  ~TieredKVStore() { flush(); }
+
+  [[nodiscard]] const TieredConfig& config() const noexcept { return config_; }
+
+  [[nodiscard]] bool contains(const KVKey& key) const {
+    for (std::size_t i = 0; i < kTiers; ++i)
+      if (on_tier(i, [&](auto& tier) { return static_cast<bool>(tier.contains(key)); })) return true;
+    return false;
+  }
 
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
-    if (std::optional<KVBlock> block = timed(0, [&] { return fast_.get(key); })) return block;
-    std::optional<KVBlock> block = timed(1, [&] { return slow_.get(key); });
-    if (block) fast_.put(key, *block);
-    return block;
+    Stripe& stripe = stripe_of(key);
+    const std::uint64_t writes = stripe.writes.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < kTiers; ++i) {
+      std::optional<KVBlock> block = timed(i, [&](auto& tier) { return tier.get(key); });
+      if (!block) continue;
+      if (i > 0) {
+        std::lock_guard lock(stripe.mutex);
+        // A put or erase since this get began: what it wrote (or removed) stands, the block read before it does not.
+        if (stripe.writes.load(std::memory_order_relaxed) == writes)
+          for (std::size_t t = 0; t < i; ++t) put_into(t, key, *block);
+      }
+      return block;
+    }
+    return std::nullopt;
   }
 
   [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key)
-    requires RangedKVStore<Fast> && RangedKVStore<Slow>
+    requires(RangedKVStore<Tiers> && ...)
   {
-    if (std::optional<KVBlockInfo> info = timed(0, [&] { return fast_.describe(key); })) {
-      info->tier = 0;
-      return info;
+    for (std::size_t i = 0; i < kTiers; ++i) {
+      if (std::optional<KVBlockInfo> info = timed(i, [&](auto& tier) { return tier.describe(key); })) {
+        info->tier = static_cast<std::uint32_t>(i);
+        return info;
+      }
     }
-    std::optional<KVBlockInfo> info = timed(1, [&] { return slow_.describe(key); });
-    if (info) info->tier = 1;
-    return info;
+    return std::nullopt;
   }
 
   [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
                                                                 std::uint64_t offset, std::uint64_t size)
-    requires RangedKVStore<Fast> && RangedKVStore<Slow>
+    requires(RangedKVStore<Tiers> && ...)
   {
-    detail::require(info.tier <= 1, "TieredKVStore::get_range: tier {} of a two-tier store", info.tier);
-    if (info.tier == 0) return timed(0, [&] { return fast_.get_range(key, info, offset, size); });
-    return timed(1, [&] { return slow_.get_range(key, info, offset, size); });
+    detail::require(info.tier < kTiers, "TieredKVStore::get_range: tier {} of a {}-tier store", info.tier, kTiers);
+    return timed(info.tier, [&](auto& tier) { return tier.get_range(key, info, offset, size); });
   }
 
   void put(const KVKey& key, KVBlock block) {
-    const bool slow_only = placement() == 1;
-    if (!slow_only) fast_.put(key, block);
-    try {
-      slow_.put(key, slow_only ? block : std::move(block));
-    } catch (const error& e) {
-      if (slow_only) fast_.put(key, std::move(block));
-      std::lock_guard lock(mutex_);
-      ++slow_put_failures_;
-      last_slow_error_ = e.what();
-    }
+    const std::size_t p = placement();
+    const bool back = config_.write == WritePolicy::write_back;
+    Write write(stripe_of(key));
+    write.stripe.pending.erase(key);
+    const std::size_t last = back ? p : kTiers - 1;
+    bool stored = false;
+    for (std::size_t t = p; t <= last; ++t) stored = put_into(t, key, block) || stored;
+    for (std::size_t t = p; !stored && t-- > 0;) stored = put_into(t, key, block);
+    if (back && p + 1 < kTiers) write.stripe.pending.insert_or_assign(key, Pending{std::move(block), p + 1});
   }
 
   bool erase(const KVKey& key) {
-    const bool in_fast = fast_.erase(key);
-    const bool in_slow = slow_.erase(key);
-    return in_fast || in_slow;
+    Write write(stripe_of(key));
+    write.stripe.pending.erase(key);
+    bool erased = false;
+    for (std::size_t t = 0; t < kTiers; ++t)
+      erased = on_tier(t, [&](auto& tier) { return static_cast<bool>(tier.erase(key)); }) || erased;
+    return erased;
   }
 
-  // How many slow-tier puts failed (the block was kept in the fast tier only), and the last failure's message.
+  // write_back: writes every pending block into the tiers slower than the one it was placed in. Returns how many
+  // blocks it wrote (their failed tier puts are counted as put's are). Safe to call from a thread of its own.
+  std::int64_t flush() {
+    std::int64_t flushed = 0;
+    for (Stripe& stripe : stripes_) {
+      {
+        std::lock_guard lock(stripe.mutex);
+        if (stripe.pending.empty()) continue;
+      }
+      Write write(stripe);
+      for (const auto& [key, pending] : stripe.pending) {
+        for (std::size_t t = pending.from_tier; t < kTiers; ++t) put_into(t, key, pending.block);
+        ++flushed;
+      }
+      stripe.pending.clear();
+    }
+    return flushed;
+  }
+
+  // write_back: blocks put but not flushed yet.
+  [[nodiscard]] std::int64_t pending_writes() const {
+    std::int64_t n = 0;
+    for (const Stripe& stripe : stripes_) {
+      std::lock_guard lock(stripe.mutex);
+      n += static_cast<std::int64_t>(stripe.pending.size());
+    }
+    return n;
+  }
+
+  // How many puts into tier `tier` (put, promotion, flush) threw kvfuse::error, and the last one's message.
+  [[nodiscard]] std::int64_t put_failures(std::size_t tier) const {
+    check_tier(tier, "put_failures");
+    std::lock_guard lock(mutex_);
+    return put_failures_[tier];
+  }
+  [[nodiscard]] std::string last_put_error(std::size_t tier) const {
+    check_tier(tier, "last_put_error");
+    std::lock_guard lock(mutex_);
+    return last_put_error_[tier];
+  }
+  // The same for every tier but the first (a two-tier store's slow tier): the failures summed, the last message.
   [[nodiscard]] std::int64_t slow_put_failures() const {
     std::lock_guard lock(mutex_);
-    return slow_put_failures_;
+    std::int64_t n = 0;
+    for (std::size_t i = 1; i < kTiers; ++i) n += put_failures_[i];
+    return n;
   }
   [[nodiscard]] std::string last_slow_error() const {
     std::lock_guard lock(mutex_);
     return last_slow_error_;
   }
 
-  // Reads served by tier 0 (fast) or 1 (slow), measured.
+  // Reads (get, describe, get_range) served by tier `tier`, measured.
   [[nodiscard]] ReadStats tier_stats(std::size_t tier) const {
-    detail::require(tier <= 1, "TieredKVStore::tier_stats: tier {} of a two-tier store", tier);
+    check_tier(tier, "tier_stats");
     std::lock_guard lock(mutex_);
     return stats_[tier];
   }
 
-  // MeasuredTierStore: the tiers, fastest first, with their cost per GB and measured read throughput (0 while a
-  // tier has delivered no byte).
+  // MeasuredTierStore: the tiers, fastest first, with their name, cost per GB and measured read throughput (0 while
+  // a tier has delivered no byte).
   [[nodiscard]] std::vector<StorageDevice> tier_devices() const {
     std::lock_guard lock(mutex_);
-    return {{"fast", costs_.fast_per_gb, stats_[0].bytes_per_s(), 0.0},
-            {"slow", costs_.slow_per_gb, stats_[1].bytes_per_s(), 0.0}};
+    std::vector<StorageDevice> out;
+    for (std::size_t i = 0; i < kTiers; ++i)
+      out.push_back({config_.tiers[i].name, config_.tiers[i].cost_per_gb, stats_[i].bytes_per_s(), 0.0});
+    return out;
   }
 
-  // MeasuredTierStore: new entries go to tier `tier` and the slower ones (0: both tiers, 1: the slow one only).
+  // MeasuredTierStore: new entries go to tier `tier` and, by the write policy, the slower ones.
   void set_placement(std::size_t tier) {
-    detail::require(tier <= 1, "TieredKVStore::set_placement: tier {} of a two-tier store", tier);
+    check_tier(tier, "set_placement");
     std::lock_guard lock(mutex_);
     placement_ = tier;
   }
@@ -143,10 +255,62 @@ class TieredKVStore {
   }
 
  private:
+  struct Pending {
+    KVBlock block;
+    std::size_t from_tier = 0;  // the first tier it still goes to
+  };
+  struct Stripe {
+    mutable std::mutex mutex;                // held by the writes of its keys and by promotions
+    std::atomic<std::uint64_t> writes{0};    // writes of its keys so far (bumped when one ends)
+    std::unordered_map<KVKey, Pending, KVKeyHash> pending;  // write_back: blocks for the slower tiers
+  };
+  // A put, erase or flush of a stripe's keys: holds the stripe's lock and, when it ends, voids the promotions of
+  // reads that began before it.
+  struct Write {
+    explicit Write(Stripe& s) : stripe(s), lock(s.mutex) {}
+    Write(const Write&) = delete;
+    Write& operator=(const Write&) = delete;
+    ~Write() { stripe.writes.fetch_add(1, std::memory_order_release); }
+    Stripe& stripe;
+    std::lock_guard<std::mutex> lock;
+  };
+
+  Stripe& stripe_of(const KVKey& key) { return stripes_[KVKeyHash{}(key) % kStripes]; }
+
+  // A plain throw (not detail::require), so that the compiler sees the indexing after it in bounds.
+  static void check_tier(std::size_t tier, const char* what) {
+    if (tier >= kTiers) throw error(fmt::format("TieredKVStore::{}: tier {} of a {}-tier store", what, tier, kTiers));
+  }
+
+  // f(tier i), for a tier index known at run time.
+  template <std::size_t I = 0, class F>
+  auto on_tier(std::size_t i, F&& f) const {
+    if constexpr (I + 1 == kTiers) {
+      return f(std::get<I>(tiers_));
+    } else {
+      if (i == I) return f(std::get<I>(tiers_));
+      return on_tier<I + 1>(i, std::forward<F>(f));
+    }
+  }
+
+  // A copy of `block` into tier `tier`; a kvfuse::error is counted and kept. Returns whether the tier took it.
+  bool put_into(std::size_t tier, const KVKey& key, const KVBlock& block) {
+    try {
+      on_tier(tier, [&](auto& t) { t.put(key, block); });
+      return true;
+    } catch (const error& e) {
+      std::lock_guard lock(mutex_);
+      ++put_failures_[tier];
+      last_put_error_[tier] = e.what();
+      if (tier > 0) last_slow_error_ = e.what();
+      return false;
+    }
+  }
+
   template <class Read>
   auto timed(std::size_t tier, Read&& read) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto result = read();
+    auto result = on_tier(tier, std::forward<Read>(read));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t bytes = 0;
     if constexpr (std::is_same_v<decltype(result), std::optional<KVBlock>>) {
@@ -159,17 +323,19 @@ class TieredKVStore {
     return result;
   }
 
-  Fast& fast_;
-  Slow& slow_;
-  TierCosts costs_;
-  mutable std::mutex mutex_;  // guards the failure record, the statistics and the placement
-  std::int64_t slow_put_failures_ = 0;
+  std::tuple<Tiers&...> tiers_;
+  TieredConfig config_;
+  std::array<Stripe, kStripes> stripes_;
+  mutable std::mutex mutex_;  // guards the failure records, the statistics and the placement
+  std::array<std::int64_t, kTiers> put_failures_{};
+  std::array<std::string, kTiers> last_put_error_{};
   std::string last_slow_error_;
-  std::array<ReadStats, 2> stats_{};
+  std::array<ReadStats, kTiers> stats_{};
   std::size_t placement_ = 0;
 };
 
 static_assert(RangedKVStore<TieredKVStore<InMemoryKVStore, DiskKVStore>>);
 static_assert(MeasuredTierStore<TieredKVStore<InMemoryKVStore, DiskKVStore>>);
+static_assert(MeasuredTierStore<TieredKVStore<InMemoryKVStore, DiskKVStore, InMemoryKVStore>>);
 
 }  // namespace kvfuse

@@ -37,10 +37,14 @@
 //    already stored is not added again (the paper adds variants for a "unique chunk and prefix").
 //  - f_r uses the same CFO as the token count (eq. 12, with α); section 3.3 writes CFO without α, which
 //    picks the same variant.
+//
+// Thread safety: internally synchronized: every member may be called from any number of threads. lookup() chooses
+// and records its access in one step; insert() evicts and admits in one step.
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -110,14 +114,24 @@ class VariantCache {
 
   [[nodiscard]] const VariantCacheConfig& config() const noexcept { return config_; }
   [[nodiscard]] std::int64_t capacity() const noexcept { return config_.capacity(); }
-  [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  [[nodiscard]] std::int64_t size() const {
+    std::lock_guard lock(mutex_);
+    return size_;
+  }
   // Number of distinct chunks with at least one variant.
-  [[nodiscard]] std::int64_t num_chunks() const noexcept { return static_cast<std::int64_t>(chunks_.size()); }
-  [[nodiscard]] bool contains(std::uint64_t chunk) const { return chunks_.contains(chunk); }
+  [[nodiscard]] std::int64_t num_chunks() const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::int64_t>(chunks_.size());
+  }
+  [[nodiscard]] bool contains(std::uint64_t chunk) const {
+    std::lock_guard lock(mutex_);
+    return chunks_.contains(chunk);
+  }
 
   // Adds a variant of profile.chunk_id computed behind profile.stored_prefix whose KV is stored under `kv`.
   VariantInsertResult insert(ChunkProfile profile, KVKey kv) {
     profile.validate();
+    std::lock_guard lock(mutex_);
     VariantInsertResult result;
     if (const auto it = chunks_.find(profile.chunk_id); it != chunks_.end()) {
       detail::require(it->second.front().profile.size == profile.size,
@@ -157,33 +171,29 @@ class VariantCache {
   // Does not change f_r.
   [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
                                                  double alpha) const {
-    const auto it = chunks_.find(chunk);
-    if (it == chunks_.end()) return std::nullopt;
-    auto [index, score] = choose(it->second, current_prefix, alpha);
-    const VariantEntry& v = it->second[index];
-    return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
+    std::lock_guard lock(mutex_);
+    return best_locked(chunk, current_prefix, alpha);
   }
 
   // best(), and records the access: f_r += 1/CFO of the chosen variant (capped, section 3.3).
   std::optional<VariantMatch> lookup(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
                                      double alpha) {
-    std::optional<VariantMatch> m = best(chunk, current_prefix, alpha);
-    if (m) m->reuse_frequency = record_use(m->variant_id, m->score.cfo);
+    std::lock_guard lock(mutex_);
+    std::optional<VariantMatch> m = best_locked(chunk, current_prefix, alpha);
+    if (m) m->reuse_frequency = record_use_locked(m->variant_id, m->score.cfo);
     return m;
   }
 
   // Records one use of variant `variant_id` at fix overhead `cfo` (a match from best() that a request then
   // used): f_r += 1/CFO, capped (section 3.3). Returns the new f_r.
   double record_use(std::uint64_t variant_id, double cfo) {
-    const double increment = reuse_frequency_increment(cfo, config_.max_reuse_bonus);
-    for (auto& [chunk, variants] : chunks_)
-      for (VariantEntry& v : variants)
-        if (v.id == variant_id) return v.reuse_frequency += increment;
-    throw error(fmt::format("VariantCache::record_use: no variant {}", variant_id));
+    std::lock_guard lock(mutex_);
+    return record_use_locked(variant_id, cfo);
   }
 
   // Removes variant `variant_id` (e.g. its KV left the engine's store); returns whether it was there.
   bool erase(std::uint64_t variant_id) {
+    std::lock_guard lock(mutex_);
     for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
       auto& variants = it->second;
       const auto v = std::find_if(variants.begin(), variants.end(),
@@ -200,6 +210,7 @@ class VariantCache {
 
   // Every stored variant, by id (insertion order).
   [[nodiscard]] std::vector<VariantEntry> entries() const {
+    std::lock_guard lock(mutex_);
     std::vector<VariantEntry> out;
     out.reserve(static_cast<std::size_t>(size_));
     for (const auto& [chunk, variants] : chunks_) out.insert(out.end(), variants.begin(), variants.end());
@@ -209,11 +220,29 @@ class VariantCache {
 
   // The variants of one chunk, by id; empty when it has none.
   [[nodiscard]] std::vector<VariantEntry> variants(std::uint64_t chunk) const {
+    std::lock_guard lock(mutex_);
     const auto it = chunks_.find(chunk);
     return it == chunks_.end() ? std::vector<VariantEntry>{} : it->second;
   }
 
  private:
+  std::optional<VariantMatch> best_locked(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
+                                          double alpha) const {
+    const auto it = chunks_.find(chunk);
+    if (it == chunks_.end()) return std::nullopt;
+    auto [index, score] = choose(it->second, current_prefix, alpha);
+    const VariantEntry& v = it->second[index];
+    return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
+  }
+
+  double record_use_locked(std::uint64_t variant_id, double cfo) {
+    const double increment = reuse_frequency_increment(cfo, config_.max_reuse_bonus);
+    for (auto& [chunk, variants] : chunks_)
+      for (VariantEntry& v : variants)
+        if (v.id == variant_id) return v.reuse_frequency += increment;
+    throw error(fmt::format("VariantCache::record_use: no variant {}", variant_id));
+  }
+
   // Eviction order: lowest f_r, then oldest.
   static bool evict_before(const VariantEntry& x, const VariantEntry& y) noexcept {
     return x.reuse_frequency < y.reuse_frequency || (x.reuse_frequency == y.reuse_frequency && x.id < y.id);
@@ -258,6 +287,7 @@ class VariantCache {
   }
 
   VariantCacheConfig config_;
+  mutable std::mutex mutex_;  // guards everything below
   std::unordered_map<std::uint64_t, std::vector<VariantEntry>> chunks_;  // each vector in id order
   std::unordered_set<KVKey, KVKeyHash> kv_keys_;
   std::int64_t size_ = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -81,19 +82,23 @@ struct KVBlockInfo {
   std::uint32_t tier = 0;     // which tier of a tiered store holds it (TieredKVStore: 0 fast, 1 slow); else 0
 };
 
-// Content hash of token ids: fnv1a (core/hash.hpp) over each id's 4 bytes, least significant first, so the
-// key does not depend on the host's byte order. Chained: hash_tokens(tokens, seed) continues from `seed`.
-// Chunk keys use seed = kFnvOffset; prefix keys chain chunk by chunk so key j covers tokens [0, end_j).
+// Content hash of token ids: xxh3 (core/hash.hpp) over each id's 4 bytes, least significant first, so the
+// key does not depend on the host's byte order. Chained: hash_tokens(tokens, seed) seeds with `seed`.
+// Chunk keys use seed = kHashSeed; prefix keys chain chunk by chunk so key j covers tokens [0, end_j).
 [[nodiscard]] inline std::uint64_t hash_tokens(std::span<const token_id> tokens,
-                                               std::uint64_t seed = kFnvOffset) noexcept {
-  std::uint64_t h = seed;
-  for (token_id t : tokens) {
-    const auto u = static_cast<std::uint32_t>(t);
-    const std::byte le[4] = {std::byte(u & 0xffu), std::byte((u >> 8) & 0xffu), std::byte((u >> 16) & 0xffu),
-                             std::byte(u >> 24)};
-    h = fnv1a(le, h);
+                                               std::uint64_t seed = kHashSeed) noexcept {
+  if constexpr (std::endian::native == std::endian::little) {
+    return xxh3(std::as_bytes(tokens), seed);
+  } else {
+    Xxh3Stream h(seed);
+    for (token_id t : tokens) {
+      const auto u = static_cast<std::uint32_t>(t);
+      const std::byte le[4] = {std::byte(u & 0xffu), std::byte((u >> 8) & 0xffu), std::byte((u >> 16) & 0xffu),
+                               std::byte(u >> 24)};
+      h.update(le);
+    }
+    return h.digest();
   }
-  return h;
 }
 
 // Prefix keys of a prompt split on a fixed grid of `chunk` tokens (the last chunk may be shorter):
@@ -103,7 +108,7 @@ struct KVBlockInfo {
                                                           std::int64_t chunk) {
   detail::require(chunk > 0, "prefix_chunk_keys: chunk size {} must be positive", chunk);
   std::vector<KVKey> keys;
-  std::uint64_t h = kFnvOffset;
+  std::uint64_t h = kHashSeed;
   const auto n = static_cast<std::int64_t>(tokens.size());
   for (std::int64_t b = 0; b < n; b += chunk) {
     const std::int64_t e = std::min(n, b + chunk);

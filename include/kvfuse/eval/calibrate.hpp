@@ -79,17 +79,16 @@ class TeacherForcedEvaluator {
 
   // Identifies the sample set (prompts and reference answers) in calibration file names.
   [[nodiscard]] std::uint64_t samples_hash() const noexcept {
-    std::uint64_t h = kFnvOffset;
+    Xxh3Stream h;
     const auto add = [&h](std::span<const token_id> t) {
-      const std::uint64_t n = t.size();
-      h = fnv1a(std::as_bytes(std::span(&n, 1)), h);
-      h = fnv1a(std::as_bytes(t), h);
+      h.update_value(static_cast<std::uint64_t>(t.size()));
+      h.update(std::as_bytes(t));
     };
     for (std::size_t i = 0; i < prompts_.size(); ++i) {
       add(prompts_[i].tokens);
       add(answers_[i]);
     }
-    return h;
+    return h.digest();
   }
 
  private:
@@ -106,7 +105,7 @@ class TeacherForcedEvaluator {
                                                             const CalibrationBudget& budget,
                                                             std::uint64_t samples_hash) {
   const std::string budget_text = fmt::format("{} {}", budget.max_kl_answer, budget.min_top1_agreement);
-  const std::uint64_t key = fnv1a(std::as_bytes(std::span(budget_text.data(), budget_text.size())), samples_hash);
+  const std::uint64_t key = xxh3(std::as_bytes(std::span(budget_text.data(), budget_text.size())), samples_hash);
   return dir / fmt::format("{:016x}-{}-{:016x}.calibration", fingerprint, family, key);
 }
 

@@ -39,6 +39,15 @@
 //
 // Keys: every key carries the model fingerprint. Contents are domain-separated hashes of the chunk tokens:
 // isolated = H(chunk), prefix = H(chunk_0, ..., chunk_j) chained, variant = H(chunk, ids of its stored prefix).
+//
+// Thread safety: a pipeline drives one engine, whose KV belongs to the request being served, so its requests are
+// serialized: run, run_after_prefix, plan, record_context, store_chunk_caches, store_prefix, drop_stale_variants and
+// set_load_config may be called from any number of threads and take turns on one lock (the variant cache is
+// synchronized itself, variants() may be read at any time). Serve in parallel with one pipeline per engine (worker,
+// backend) over one shared store, which must then be safe for concurrent use (every kvfuse store is). Each pipeline
+// has its own variant cache: a variant that another pipeline evicted (and erased) is dropped by this one's next
+// Cache-Craft run, or computed instead when it vanishes mid-request. Calls that use the engine outside the pipeline
+// (run_composed: Cake's prefix, then run_after_prefix) must be serialized with the pipeline's requests by the caller.
 
 #include <chrono>
 #include <cstdint>
@@ -46,6 +55,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <optional>
@@ -196,9 +206,13 @@ class FusionPipeline {
     load_.validate();
   }
 
-  [[nodiscard]] const LoadConfig& load_config() const noexcept { return load_; }
+  [[nodiscard]] LoadConfig load_config() const {
+    std::lock_guard lock(mutex_);
+    return load_;
+  }
   void set_load_config(LoadConfig load) {
     load.validate();
+    std::lock_guard lock(mutex_);
     load_ = load;
   }
 
@@ -214,6 +228,7 @@ class FusionPipeline {
   // hold yet. Returns the number computed.
   std::int64_t store_chunk_caches(std::span<const token_id> tokens, const PromptLayout& layout) {
     check_prompt(tokens, layout, "FusionPipeline::store_chunk_caches");
+    std::lock_guard lock(mutex_);
     std::int64_t computed = 0;
     for (const PromptChunk& c : layout.chunks) {
       if (c.range.empty()) continue;
@@ -233,6 +248,7 @@ class FusionPipeline {
     requires PerLayerFusionBackend<Backend> || AttentionStatisticsBackend<Backend>
   {
     check_prompt(tokens, layout, "FusionPipeline::record_context");
+    std::lock_guard lock(mutex_);
     const auto n = static_cast<std::int64_t>(tokens.size());
     std::vector<LayerAttention> layers;
     TokenSet all;
@@ -260,7 +276,7 @@ class FusionPipeline {
     }
     const std::vector<ChunkProfile> profiles = CCIScorer().profile(chunk_attention(ids, layout, layers));
 
-    std::uint64_t prefix = kFnvOffset;
+    std::uint64_t prefix = kHashSeed;
     for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
       const TokenRange r = layout.chunks[j].range;
       prefix = hash_tokens(slice(tokens, r), prefix);
@@ -282,14 +298,8 @@ class FusionPipeline {
   // Drops the Cache-Craft variants whose KV the store no longer holds (an engine that evicted or lost it), so
   // that lookups never choose a variant that cannot be loaded. run() calls it first. Returns the number dropped.
   std::int64_t drop_stale_variants() {
-    std::int64_t dropped = 0;
-    for (const VariantEntry& v : variants_.entries()) {
-      if (store_->contains(v.kv)) continue;
-      variants_.erase(v.id);
-      variant_positions_.erase(v.kv.content);
-      ++dropped;
-    }
-    return dropped;
+    std::lock_guard lock(mutex_);
+    return drop_stale();
   }
 
   // Online, no compute: what `method` will do for this prompt given what the store holds now (Cache-Craft
@@ -297,6 +307,7 @@ class FusionPipeline {
   [[nodiscard]] FusionPlan plan(std::span<const token_id> tokens, const PromptLayout& layout,
                                 const FusionMethod& method) const {
     check_prompt(tokens, layout, "FusionPipeline::plan");
+    std::lock_guard lock(mutex_);
     return make_plan(tokens, layout, method);
   }
 
@@ -305,6 +316,7 @@ class FusionPipeline {
   // named error when the engine models only FixedSetFusionBackend.
   FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) {
     check_prompt(tokens, layout, "FusionPipeline::run");
+    std::lock_guard lock(mutex_);
     backend_->begin(tokens);
     FusionResult out;
     fuse(tokens, layout, method, 0, out);
@@ -319,6 +331,7 @@ class FusionPipeline {
                     "FusionPipeline::store_prefix: {} prefix tokens of a {}-token prompt in chunks of {}",
                     prefix_tokens, tokens.size(), fetch_chunk);
     const auto prefix = tokens.first(static_cast<std::size_t>(prefix_tokens));
+    std::lock_guard lock(mutex_);
     backend_->begin(prefix);
     TokenSet all;
     append_range(all, {0, prefix_tokens});
@@ -342,6 +355,7 @@ class FusionPipeline {
     detail::require(boundary && exact_prefix < static_cast<std::int64_t>(tokens.size()),
                     "FusionPipeline::run_after_prefix: exact prefix {} is not a chunk boundary before the query {}",
                     exact_prefix, layout.query);
+    std::lock_guard lock(mutex_);
     FusionResult out;
     fuse(tokens, layout, method, exact_prefix, out);
     return out;
@@ -355,6 +369,18 @@ class FusionPipeline {
   FusionResult run(std::span<const token_id> tokens, const PromptLayout& layout, const Method& method) = delete;
 
  private:
+  // drop_stale_variants(), under the lock.
+  std::int64_t drop_stale() {
+    std::int64_t dropped = 0;
+    for (const VariantEntry& v : variants_.entries()) {
+      if (store_->contains(v.kv)) continue;
+      variants_.erase(v.id);
+      variant_positions_.erase(v.kv.content);
+      ++dropped;
+    }
+    return dropped;
+  }
+
   // run() after begin(): plan, load + check + shift, the engine's prefill with the method's S_l. Rows
   // [0, exact_prefix), a chunk boundary, are already resident and exact (Cake, run_composed): their chunks are
   // reported as `prefix` and none of their rows is recomputed.
@@ -362,7 +388,7 @@ class FusionPipeline {
             std::int64_t exact_prefix, FusionResult& out) {
     const auto n = static_cast<std::int64_t>(tokens.size());
     const std::int64_t num_layers = backend_->num_layers();
-    if (std::holds_alternative<CacheCraft>(method)) drop_stale_variants();
+    if (std::holds_alternative<CacheCraft>(method)) drop_stale();
     const auto t0 = std::chrono::steady_clock::now();
     out.plan = make_plan(tokens, layout, method);
     FusionPlan& plan = out.plan;
@@ -764,7 +790,7 @@ class FusionPipeline {
     plan.method = method_name(method);
     plan.layout = layout;
     std::vector<std::uint64_t> ids;
-    std::uint64_t prefix = kFnvOffset;
+    std::uint64_t prefix = kHashSeed;
     bool prefix_open = true;
     for (const PromptChunk& pc : layout.chunks) {
       ChunkPlan c;
@@ -808,6 +834,7 @@ class FusionPipeline {
 
   Backend* backend_;
   Store* store_;
+  mutable std::mutex mutex_;  // serializes the requests on the engine; guards everything below but variants_
   VariantCache variants_;
   std::unordered_map<std::uint64_t, std::int64_t> variant_positions_;  // variant key content -> first position
   LoadConfig load_;

@@ -131,8 +131,8 @@ class CpuLlama {
   [[nodiscard]] const LlamaWeights& weights() const noexcept { return weights_; }
   [[nodiscard]] int threads() const noexcept { return pool_->size(); }
 
-  // fnv1a (core/hash.hpp) over the config and, per tensor, its shape and first / last values: tells models apart for
-  // KVKey::model (backend/concepts.hpp).
+  // XXH3 (core/hash.hpp) over the config and every weight byte: tells models apart for KVKey::model
+  // (backend/concepts.hpp), down to one changed weight (a fine-tune, a damaged file). ~0.1 s for SmolLM2 360M.
   [[nodiscard]] std::uint64_t fingerprint() const noexcept { return fingerprint_; }
 
   // An empty cache (0 rows) of this model's shape.
@@ -775,55 +775,49 @@ class CpuLlama {
     return logits;
   }
 
+  // XXH3 over the config and every byte of every weight tensor as held (with its type and shape).
   [[nodiscard]] std::uint64_t compute_fingerprint() const noexcept {
-    std::uint64_t hsh = kFnvOffset;
-    const auto bytes = [&hsh](const void* data, std::size_t size) {
-      hsh = fnv1a(std::span(static_cast<const std::byte*>(data), size), hsh);
+    Xxh3Stream h;
+    const auto bytes = [&h](const void* data, std::size_t size) {
+      h.update(std::span(static_cast<const std::byte*>(data), size));
     };
-    const std::int64_t dims[] = {
-        config_.n_layer,  config_.n_embd, config_.n_head,  config_.n_head_kv,
-        config_.head_dim, config_.n_ff,   config_.n_vocab, static_cast<std::int64_t>(config_.rope_pairing)};
+    const std::int64_t dims[] = {config_.n_layer,
+                                 config_.n_embd,
+                                 config_.n_head,
+                                 config_.n_head_kv,
+                                 config_.head_dim,
+                                 config_.n_ff,
+                                 config_.n_vocab,
+                                 static_cast<std::int64_t>(config_.rope_pairing),
+                                 static_cast<std::int64_t>(config_.architecture),
+                                 config_.sliding_window};
     bytes(dims, sizeof dims);
-    const double reals[] = {config_.rope_base, config_.rms_eps, config_.rope_linear_factor};
+    const double reals[] = {config_.rope_base,       config_.rms_eps,         config_.rope_linear_factor,
+                            config_.rope_base_local, config_.embedding_scale, config_.attention_scale,
+                            config_.final_logit_softcap};
     bytes(reals, sizeof reals);
-    if (!config_.rope_freq_factors.empty())
-      bytes(config_.rope_freq_factors.data(), config_.rope_freq_factors.size() * sizeof(float));
-    const auto tensor = [&](const float* data, std::int64_t size) {
+    bytes(config_.rope_freq_factors.data(), config_.rope_freq_factors.size() * sizeof(float));
+    bytes(config_.local_layers.data(), config_.local_layers.size());
+    const auto vector = [&](const Eigen::VectorXf& v) {
+      const std::int64_t size = v.size();
       bytes(&size, sizeof size);
-      const std::int64_t edge = std::min<std::int64_t>(size, 16);
-      bytes(data, static_cast<std::size_t>(edge) * sizeof(float));
-      bytes(data + size - edge, static_cast<std::size_t>(edge) * sizeof(float));
+      bytes(v.data(), static_cast<std::size_t>(size) * sizeof(float));
     };
-    // A matrix hashes as its fp32 values would: the same first / last values, dequantized.
     const auto matrix = [&](const WeightMatrix& m) {
-      const std::int64_t size = m.size();
-      bytes(&size, sizeof size);
-      const std::int64_t edge = std::min<std::int64_t>(size, 16);
-      const std::vector<float> head = m.elements(0, edge);
-      const std::vector<float> tail = m.elements(size - edge, edge);
-      bytes(head.data(), head.size() * sizeof(float));
-      bytes(tail.data(), tail.size() * sizeof(float));
+      const std::int64_t shape[] = {static_cast<std::int64_t>(m.type()), m.rows(), m.cols()};
+      bytes(shape, sizeof shape);
+      h.update(m.raw());
     };
     matrix(weights_.token_embd);
-    tensor(weights_.output_norm.data(), weights_.output_norm.size());
-    if (weights_.output.size() != 0) matrix(weights_.output);
+    vector(weights_.output_norm);
+    matrix(weights_.output);
     for (const LlamaLayerWeights& w : weights_.layers) {
       for (const WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) matrix(*m);
-      tensor(w.attn_norm.data(), w.attn_norm.size());
-      tensor(w.ffn_norm.data(), w.ffn_norm.size());
+      for (const Eigen::VectorXf* v : {&w.attn_norm, &w.ffn_norm, &w.attn_q_norm, &w.attn_k_norm, &w.attn_post_norm,
+                                       &w.ffn_post_norm})
+        vector(*v);
     }
-    if (config_.architecture == LlamaArchitecture::gemma3) {  // (llama models keep their fingerprints)
-      const std::int64_t arch[] = {static_cast<std::int64_t>(config_.architecture), config_.sliding_window};
-      bytes(arch, sizeof arch);
-      bytes(config_.local_layers.data(), config_.local_layers.size());
-      const double gemma3_reals[] = {config_.rope_base_local, config_.embedding_scale, config_.attention_scale,
-                                     config_.final_logit_softcap};
-      bytes(gemma3_reals, sizeof gemma3_reals);
-      for (const LlamaLayerWeights& w : weights_.layers)
-        for (const Eigen::VectorXf* v : {&w.attn_q_norm, &w.attn_k_norm, &w.attn_post_norm, &w.ffn_post_norm})
-          tensor(v->data(), v->size());
-    }
-    return hsh;
+    return h.digest();
   }
 
   LlamaConfig config_;

@@ -70,6 +70,12 @@ class WeightMatrix {
     return is_f32() ? static_cast<std::size_t>(size()) * sizeof(float) : blocks_.size();
   }
 
+  // The weights as held: the fp32 values, or the ggml blocks (model fingerprints hash these).
+  [[nodiscard]] std::span<const std::byte> raw() const noexcept {
+    if (is_f32()) return std::as_bytes(std::span(values_.data(), static_cast<std::size_t>(values_.size())));
+    return std::as_bytes(std::span(blocks_));
+  }
+
   // The fp32 values (is_f32() only).
   [[nodiscard]] const RowMatrix& values() const {
     detail::require(is_f32(), "WeightMatrix: values() of a {} matrix", ggml_type_traits(type_).name);

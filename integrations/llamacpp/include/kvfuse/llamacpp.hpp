@@ -93,19 +93,19 @@ struct LlamaCppOptions {
 
 namespace detail {
 
-// FNV-1a over every byte of a file (kvfuse/core/hash.hpp), read in 1 MiB blocks.
+// XXH3 over every byte of a file (kvfuse/core/hash.hpp), read in 1 MiB blocks.
 [[nodiscard]] inline std::uint64_t file_hash(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   kvfuse::detail::require(in.good(), "LlamaCppFusion: cannot open '{}'", path.string());
   std::vector<char> buf(std::size_t{1} << 20);
-  std::uint64_t h = kFnvOffset;
+  Xxh3Stream h;
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const auto got = static_cast<std::size_t>(in.gcount());
-    h = fnv1a(std::as_bytes(std::span(buf.data(), got)), h);
+    h.update(std::as_bytes(std::span(buf.data(), got)));
   }
   kvfuse::detail::require(in.eof(), "LlamaCppFusion: reading '{}' failed", path.string());
-  return h;
+  return h.digest();
 }
 
 inline void quiet_log(ggml_log_level level, const char* text, void*) {
@@ -170,9 +170,9 @@ class LlamaCppFusion {
     const std::uint64_t layout[] = {static_cast<std::uint64_t>(options_.kv_type),
                                     options_.flash_attention ? 1u : 0u,  // V transposed in the state without it
                                     1u /* swa_full */, state_base_, state_per_row_};
-    fingerprint_ = fnv1a(std::as_bytes(std::span(layout)),
-                         fnv1a(std::as_bytes(std::span(std::string_view(KVFUSE_LLAMACPP_SOURCE_ID))),
-                               detail::file_hash(gguf)));
+    fingerprint_ = xxh3(std::as_bytes(std::span(layout)),
+                        xxh3(std::as_bytes(std::span(std::string_view(KVFUSE_LLAMACPP_SOURCE_ID))),
+                             detail::file_hash(gguf)));
   }
 
   LlamaCppFusion(const LlamaCppFusion&) = delete;
