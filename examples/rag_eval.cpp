@@ -10,7 +10,8 @@
 //   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
 //                   [--out DIR] [--cache-dir DIR] [--model smollm2|gemma3|GGUF] [--threads 0] [--no-plot]
-//                   [--store-dtype f32] [--store memory|disk|tiered] [--link-mbps X] [--link-latency-ms Y]
+//                   [--store-dtype f32] [--store memory|disk|tiered|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
+//                   [--link-mbps X] [--link-latency-ms Y]
 //                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp]
 //                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
 //
@@ -39,8 +40,12 @@
 // (CpuLlamaFusion's storage dtype); the fidelity columns then include that rounding.
 //
 // Real I/O: --store memory (default; tiered when --cache-dir is given), disk (a DiskKVStore alone in --cache-dir,
-// default <out>/kv-cache) or tiered (memory over disk); --link-mbps / --link-latency-ms put the store (with
-// tiered: the disk tier) behind a bandwidth-limited link (ThrottledKVStore: a remote store or a slow SSD). With
+// default <out>/kv-cache), tiered (memory over disk) or a Redis URI (RedisKVStore on a server or Cluster the user
+// runs, as the far tier: memory → Redis, or memory → disk → Redis with --cache-dir; a server that goes away
+// mid-run turns its reads into misses, recomputed, and the run completes with the same answers; results.json
+// records its unavailable reads and rejected values under "redis"); --link-mbps / --link-latency-ms
+// put the store (with tiers: the farthest) behind a bandwidth-limited link (ThrottledKVStore: a remote store or a
+// slow SSD). With
 // tiered, CacheBlend §5.1's loading controller places new chunk caches in the cheaper tier when loading from it
 // does not delay the first token (tier_placement in results.json). --pipeline on (default) reads the
 // chunk caches one layer at a time while the model computes (FusionPipeline's layer-pipelined loading; every
@@ -72,6 +77,9 @@
 #include "kvfuse/backend/throttled_kv_store.hpp"
 #include "kvfuse/backend/tiered_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
+#if KVFUSE_WITH_REDIS
+#include "kvfuse/backend/redis_kv_store.hpp"
+#endif
 #include "kvfuse/eval/calibrate.hpp"
 #include "kvfuse/eval/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
@@ -96,6 +104,11 @@ constexpr std::string_view kDefaultMethods =
 // On llama.cpp (a fixed-set engine: no per-layer selection, so no CacheBlend, QueryAware or focus termination).
 constexpr std::string_view kDefaultLlamaCppMethods =
     "full,prefix,naive,attnlink,attnlink@4,attnlink@64,cachecraft-nofocus,cachecraft@0.5-nofocus";
+// --store names a Redis server or Cluster.
+bool is_redis_uri(std::string_view store) {
+  return store.starts_with("redis://") || store.starts_with("redis-cluster://");
+}
+
 constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
 
 struct Options {
@@ -171,11 +184,19 @@ Options parse(int argc, char** argv) {
   kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
   kvfuse::detail::require(o.max_passages >= 1, "--max-passages: {} must be >= 1", o.max_passages);
   if (o.store.empty()) o.store = o.cache_dir.empty() ? "memory" : "tiered";
-  kvfuse::detail::require(o.store == "memory" || o.store == "disk" || o.store == "tiered",
-                          "--store: '{}' is not memory, disk or tiered", o.store);
+  const bool redis_store = is_redis_uri(o.store);
+  kvfuse::detail::require(o.store == "memory" || o.store == "disk" || o.store == "tiered" || redis_store,
+                          "--store: '{}' is not memory, disk, tiered or a redis:// / redis-cluster:// URI", o.store);
+#if KVFUSE_WITH_REDIS
+  if (redis_store) (void)kvfuse::parse_redis_uri(o.store);  // a bad URI is refused before the model is read
+#else
+  kvfuse::detail::require(!redis_store, "--store {}: this build has no Redis support (hiredis; -DKVFUSE_REDIS=ON)",
+                          o.store);
+#endif
   kvfuse::detail::require(o.store != "memory" || o.cache_dir.empty(),
-                          "--cache-dir '{}' needs --store disk or tiered", o.cache_dir);
-  if (o.store != "memory" && o.cache_dir.empty()) o.cache_dir = (fs::path(o.out) / "kv-cache").string();
+                          "--cache-dir '{}' needs --store disk, tiered or a Redis URI", o.cache_dir);
+  if ((o.store == "disk" || o.store == "tiered") && o.cache_dir.empty())
+    o.cache_dir = (fs::path(o.out) / "kv-cache").string();
   kvfuse::detail::require(std::isfinite(o.link_mbps) && o.link_mbps >= 0, "--link-mbps: {} must be >= 0 (0: no link)",
                           o.link_mbps);
   kvfuse::detail::require(std::isfinite(o.link_latency_ms) && o.link_latency_ms >= 0,
@@ -340,7 +361,11 @@ int main(int argc, char** argv) try {
 
   kvfuse::InMemoryKVStore memory;
   std::optional<kvfuse::DiskKVStore> disk;
-  if (o.store != "memory") disk.emplace(o.cache_dir);
+  if (!o.cache_dir.empty()) disk.emplace(o.cache_dir);
+#if KVFUSE_WITH_REDIS
+  std::optional<kvfuse::RedisKVStore> redis;
+  if (is_redis_uri(o.store)) redis.emplace(o.store);
+#endif
   const kvfuse::LinkConfig link{o.link_mbps, o.link_latency_ms};
   const bool linked = o.link_mbps > 0.0 || o.link_latency_ms > 0.0;
   kvfuse::LoadConfig load;
@@ -348,6 +373,7 @@ int main(int argc, char** argv) try {
 
   std::map<std::string, Sums> sums;
   nlohmann::json per_question = nlohmann::json::array();
+  nlohmann::json tiers;  // a tiered store's tiers as the loading controller saw them at the end of the run
   double offline_ms = 0.0;
   std::int64_t total_tokens = 0;
   std::int64_t chunk_caches_computed = 0;  // isolated chunk caches the store did not hold yet
@@ -460,6 +486,15 @@ int main(int argc, char** argv) try {
       results["engine"] = o.engine;
       results["threads"] = threads;
       results["store"] = o.store;
+      if (!tiers.empty()) results["tiers"] = tiers;
+#if KVFUSE_WITH_REDIS
+      if (redis) {
+        results["redis"] = {{"unavailable_reads", redis->unavailable()},
+                            {"rejected_values", redis->rejected()},
+                            {"last_error", redis->last_error()},
+                            {"last_rejection", redis->last_rejection()}};
+      }
+#endif
       results["link_mbps"] = o.link_mbps;
       results["link_latency_ms"] = o.link_latency_ms;
       results["pipeline"] = o.pipeline;
@@ -577,7 +612,7 @@ int main(int argc, char** argv) try {
           };
           if (r.load.layerwise) m["preload_depth"] = static_cast<double>(r.load.depth);
           if (r.controller) m["controller_ratio"] = r.controller->ratio;
-          if (r.tier) m["tier_placement"] = static_cast<double>(r.tier->device.value_or(0));  // 0 memory, 1 disk
+          if (r.tier) m["tier_placement"] = static_cast<double>(r.tier->device.value_or(0));  // index into "tiers"
           if (r.focus) m["focus_cutoff_layer"] = static_cast<double>(r.focus->cutoff_layer);
           if (!full_ids.empty()) {
             const kvfuse::eval::TeacherForced tf = kvfuse::eval::teacher_forced(full_forced, forced);
@@ -606,8 +641,14 @@ int main(int argc, char** argv) try {
     const auto run_on = [&](auto& store) {
       kvfuse::FusionPipeline pipeline(engine, store, {}, load);
       evaluate(pipeline);
+      if constexpr (kvfuse::MeasuredTierStore<std::remove_cvref_t<decltype(store)>>) {
+        for (const kvfuse::StorageDevice& d : store.tier_devices())
+          tiers.push_back({{"name", d.name}, {"cost_per_gb", d.cost_per_gb},
+                           {"measured_read_mb_per_s", d.bandwidth_bytes_per_s / 1e6}});
+        write_results();
+      }
     };
-    // The link stands in front of the store, or of the disk tier only (memory stays local).
+    // The link stands in front of the store, or of its farthest tier only (memory stays local).
     const auto with_link = [&](auto& store, auto&& then) {
       if (linked) {
         kvfuse::ThrottledKVStore slow(store, link);
@@ -616,9 +657,25 @@ int main(int argc, char** argv) try {
         then(store);
       }
     };
+#if KVFUSE_WITH_REDIS
+    if (redis) {
+      // CacheBlend §5.1's C_store per GB: local DRAM, local disk, and a share of a remote server's DRAM.
+      with_link(*redis, [&](auto& far) {
+        if (disk) {
+          kvfuse::TieredKVStore tiered(kvfuse::TieredConfig{{{"memory", 1.0}, {"disk", 0.1}, {"redis", 0.3}}}, memory,
+                                       *disk, far);
+          run_on(tiered);
+        } else {
+          kvfuse::TieredKVStore tiered(kvfuse::TieredConfig{{{"memory", 1.0}, {"redis", 0.3}}}, memory, far);
+          run_on(tiered);
+        }
+      });
+      return;
+    }
+#endif
     if (o.store == "tiered") {
       with_link(*disk, [&](auto& slow) {
-        kvfuse::TieredKVStore tiered(memory, slow);
+        kvfuse::TieredKVStore tiered(kvfuse::TieredConfig{{{"memory", 1.0}, {"disk", 0.1}}}, memory, slow);
         run_on(tiered);
       });
     } else if (disk) {

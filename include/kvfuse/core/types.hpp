@@ -79,7 +79,7 @@ struct KVBlockInfo {
   std::int64_t first_position = 0;
   std::uint64_t bytes = 0;    // payload size: KVBlock::bytes.size()
   std::uint64_t version = 0;  // identifies this entry's contents: ranged reads of a replaced entry fail
-  std::uint32_t tier = 0;     // which tier of a tiered store holds it (TieredKVStore: 0 fast, 1 slow); else 0
+  std::uint32_t tier = 0;     // which tier of a tiered store holds it (TieredKVStore: its index, fastest first); else 0
 };
 
 // Content hash of token ids: xxh3 (core/hash.hpp) over each id's 4 bytes, least significant first, so the

@@ -33,8 +33,9 @@
 // entry (below) and the prefill runs again, so the request still completes by compute.
 //
 // Store entries are never trusted blindly: a block that is missing, has the wrong size or token count, or was
-// rotated at other positions than recorded is not used. An isolated chunk cache is then recomputed (and put
-// back); a prefix or variant entry turns its chunk into `compute` (recomputed in full, on every layer). The
+// rotated at other positions than recorded is not used. An isolated chunk cache is then recomputed and put back
+// (a put that throws kvfuse::error, e.g. the store is down, is kept in FusionResult::put_failures and does not fail
+// the request); a prefix or variant entry turns its chunk into `compute` (recomputed in full, on every layer). The
 // disk store (backend/disk_kv_store.hpp) adds checksums and model checks below this.
 //
 // Keys: every key carries the model fingerprint. Contents are domain-separated hashes of the chunk tokens:
@@ -185,6 +186,7 @@ struct FusionResult {
   double recompute_fraction = 0.0;               // sum_l |S_l| / (L · n)
   FusionTimings time;
   std::int64_t rejected_entries = 0;             // planned store entries that were missing or unusable
+  std::vector<std::string> put_failures;         // recomputed isolated caches the store failed to take back: why
   // Cache-Craft with focus termination, once Algorithm 1 decided: L* and F* as layout chunk indices among the
   // candidate chunks (variants with tokens to fix); other chunks are not subject to early termination.
   std::optional<FocusDecision> focus;
