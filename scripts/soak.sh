@@ -21,11 +21,11 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvfuse-soak-redis.XXXXXX")
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/redis.log" 2>&1 &
 pid=$!
+disown "$pid"  # no "Killed" job notice when the bench SIGKILLs it
 cleanup() {
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true  # whichever server holds the port now
   kill -CONT "$pid" 2>/dev/null || true
   kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
   rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -35,8 +35,11 @@
 //   disk_unwritable the store directory made unwritable for 2-5 s: renamed away and back as root (reads miss, puts
 //                   fail), chmod 0555 and back otherwise (puts fail)
 // 64 client threads (--clients; client i on pipeline i mod P) loop: draw (prompt, method), store_chunk_caches
-// unless full, run, compare the logits with the reference (a difference: a wrong-KV use). An exception out of
-// store_chunk_caches or run is a failed request (its message kept).
+// unless full, run, compare the logits exactly with the reference of the plan the run ended with (a difference: a
+// wrong-KV use). A chunk cache that no tier held at plan time is computed in context instead of loaded: another,
+// correct computation, checked against the same request run alone on a fresh store holding exactly the chunk
+// caches its plan loaded (References). An exception out of store_chunk_caches or run is a failed request (its
+// message kept).
 //
 // At the end: faults stopped and repaired, flush, then every key the disk acknowledged and the bench neither
 // erased nor corrupted since must read back from the disk tier with exactly its reference bytes (else: bytes lost).
@@ -62,6 +65,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -75,6 +79,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -449,10 +454,28 @@ struct PhaseResult {
   std::string name;
   double seconds = 0;
   std::int64_t completed = 0, failed = 0, wrong_kv = 0, rejected_entries = 0, layer_read_failures = 0;
+  std::int64_t degraded_plans = 0;  // chunks computed that the healthy plan loads (checked against that plan)
+  std::int64_t unverifiable = 0;    // a plan the bench could not reproduce on a fresh store
   std::vector<double> ttft_ms, wall_ms;
   std::map<std::string, std::int64_t> errors;  // message -> count
   std::map<std::string, std::int64_t> wrong_by_method;
+  std::vector<std::string> wrong_examples;  // the first few wrong-KV uses, described
 };
+
+// A wrong-KV use, described: the request, how far its logits are from the reference, what the run loaded.
+std::string describe_wrong(int prompt, const std::string& method, const FusionResult& r, const std::vector<float>& want) {
+  float diff = 0.0F;
+  for (std::size_t i = 0; i < std::min(r.logits.size(), want.size()); ++i)
+    diff = std::max(diff, std::abs(r.logits[i] - want[i]));
+  std::string sources;
+  for (const ChunkPlan& c : r.plan.chunks)
+    sources += fmt::format("{}{}", sources.empty() ? "" : ",", static_cast<int>(c.source));
+  std::string failures;
+  for (const std::string& f : r.load.failures) failures += "; " + f;
+  return fmt::format("prompt {} {}: max |diff| {:g}, {} logits; rejected entries {}, layerwise {}, restarts {}, "
+                     "sources [{}]{}", prompt, method, diff, r.logits.size(), r.rejected_entries, r.load.layerwise,
+                     r.load.restarts, sources, failures);
+}
 
 // Store counters, read at the end of each phase (the phase's share is the difference).
 struct Counters {
@@ -512,9 +535,77 @@ struct Request {
   int method = 0;
 };
 
+std::string sources_of(const FusionPlan& plan) {
+  std::string s;
+  for (const ChunkPlan& c : plan.chunks) s += static_cast<char>('0' + static_cast<int>(c.source));
+  return s;
+}
+
+// The logits each request must produce. A request whose final plan has the healthy plan's chunk sources must match
+// the healthy reference (the request alone on a fresh store holding every chunk cache). A request whose plan
+// differs (a chunk cache that no tier held when it planned — the tier with it evicted, broken or down — is
+// computed in context instead of loaded: another, legitimate computation) must match the reference of that plan:
+// the request alone on a fresh store holding exactly the chunk caches its plan loaded, computed on first use.
+class References {
+ public:
+  References(const CpuLlama& model, const std::vector<Prompt>& prompts,
+             const std::unordered_map<KVKey, KVBlock, KVKeyHash>& blocks)
+      : model_(model), prompts_(prompts), blocks_(blocks) {}
+
+  void add_healthy(int prompt, int method, std::vector<float> logits, std::string sources) {
+    std::lock_guard lock(mutex_);
+    healthy_sources_[{prompt, method}] = sources;
+    by_plan_[{prompt, method, std::move(sources)}] = std::move(logits);
+  }
+
+  // The expected logits of (prompt, method) run with this final plan; nullopt when the plan cannot be reproduced
+  // (`why` says how). `degraded`: the plan differs from the healthy one.
+  std::optional<std::vector<float>> expected(int prompt, int method, const std::string& sources, bool& degraded,
+                                             std::string& why) {
+    {
+      std::lock_guard lock(mutex_);
+      degraded = healthy_sources_.at({prompt, method}) != sources;
+      if (const auto it = by_plan_.find({prompt, method, sources}); it != by_plan_.end()) return it->second;
+    }
+    const Prompt& p = prompts_[static_cast<std::size_t>(prompt)];
+    InMemoryKVStore memory;
+    CpuLlamaFusion engine(model_);
+    FusionPipeline<CpuLlamaFusion, InMemoryKVStore> pipeline(engine, memory);
+    for (std::size_t j = 0; j < p.layout.chunks.size() && j < sources.size(); ++j) {
+      if (sources[j] != '0' + static_cast<int>(KVSource::isolated)) continue;
+      const TokenRange r = p.layout.chunks[j].range;
+      const KVKey key = pipeline.isolated_key(
+          std::span(p.tokens).subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())));
+      memory.put(key, blocks_.at(key));
+    }
+    FusionResult r = pipeline.run(p.tokens, p.layout, parse_method(kMethods[static_cast<std::size_t>(method)]));
+    if (sources_of(r.plan) != sources) {
+      why = fmt::format("plan [{}] not reproduced on a fresh store (got [{}])", sources, sources_of(r.plan));
+      return std::nullopt;
+    }
+    std::lock_guard lock(mutex_);
+    ++degraded_references_;
+    return by_plan_.try_emplace({prompt, method, sources}, std::move(r.logits)).first->second;
+  }
+
+  [[nodiscard]] std::int64_t degraded_references() const {
+    std::lock_guard lock(mutex_);
+    return degraded_references_;
+  }
+
+ private:
+  const CpuLlama& model_;
+  const std::vector<Prompt>& prompts_;
+  const std::unordered_map<KVKey, KVBlock, KVKeyHash>& blocks_;
+  mutable std::mutex mutex_;
+  std::map<std::pair<int, int>, std::string> healthy_sources_;
+  std::map<std::tuple<int, int, std::string>, std::vector<float>> by_plan_;
+  std::int64_t degraded_references_ = 0;
+};
+
 struct World {
   const std::vector<Prompt>& prompts;
-  const std::vector<std::vector<std::vector<float>>>& reference;  // [prompt][method]
+  References& references;
   std::vector<std::unique_ptr<Pipeline>>& pipelines;
 };
 
@@ -543,9 +634,18 @@ PhaseResult run_phase(const std::string& name, World& w, int clients, double sec
           ++mine.completed;
           mine.rejected_entries += r.rejected_entries;
           mine.layer_read_failures += static_cast<std::int64_t>(r.load.failures.size());
-          if (r.logits != w.reference[static_cast<std::size_t>(q.prompt)][static_cast<std::size_t>(q.method)]) {
+          bool degraded = false;
+          std::string why;
+          const std::optional<std::vector<float>> want =
+              w.references.expected(q.prompt, q.method, sources_of(r.plan), degraded, why);
+          if (degraded) ++mine.degraded_plans;
+          if (!want) {
+            ++mine.unverifiable;
+            if (mine.wrong_examples.size() < 5) mine.wrong_examples.push_back(fmt::format("unverifiable: {}", why));
+          } else if (r.logits != *want) {
             ++mine.wrong_kv;
             ++mine.wrong_by_method[m];
+            if (mine.wrong_examples.size() < 5) mine.wrong_examples.push_back(describe_wrong(q.prompt, m, r, *want));
           }
         } catch (const std::exception& e) {
           ++mine.failed;
@@ -556,12 +656,16 @@ PhaseResult run_phase(const std::string& name, World& w, int clients, double sec
       result.completed += mine.completed;
       result.failed += mine.failed;
       result.wrong_kv += mine.wrong_kv;
+      result.degraded_plans += mine.degraded_plans;
+      result.unverifiable += mine.unverifiable;
       result.rejected_entries += mine.rejected_entries;
       result.layer_read_failures += mine.layer_read_failures;
       result.ttft_ms.insert(result.ttft_ms.end(), mine.ttft_ms.begin(), mine.ttft_ms.end());
       result.wall_ms.insert(result.wall_ms.end(), mine.wall_ms.begin(), mine.wall_ms.end());
       for (const auto& [k, v] : mine.errors) result.errors[k] += v;
       for (const auto& [k, v] : mine.wrong_by_method) result.wrong_by_method[k] += v;
+      for (std::string& e : mine.wrong_examples)
+        if (result.wrong_examples.size() < 20) result.wrong_examples.push_back(std::move(e));
     });
   }
   while (Clock::now() - t0 < std::chrono::duration<double>(seconds))
@@ -769,11 +873,20 @@ nlohmann::json phase_json(const PhaseResult& r, const Counters& c) {
   j["requests_failed"] = r.failed;
   j["wrong_kv_uses"] = r.wrong_kv;
   j["wrong_kv_by_method"] = r.wrong_by_method;
+  j["degraded_plans"] = r.degraded_plans;
+  j["unverifiable"] = r.unverifiable;
   j["errors"] = r.errors;
+  j["wrong_kv_examples"] = r.wrong_examples;
   j["entries_rejected_by_pipeline"] = r.rejected_entries;
   j["layer_read_failures"] = r.layer_read_failures;
-  j["ttft_ms"] = {{"p50", percentile(r.ttft_ms, 0.5)}, {"p99", percentile(r.ttft_ms, 0.99)}};
-  j["request_wall_ms"] = {{"p50", percentile(r.wall_ms, 0.5)}, {"p99", percentile(r.wall_ms, 0.99)}};
+  j["ttft_ms"] = {{"p50", percentile(r.ttft_ms, 0.5)},
+                  {"p99", percentile(r.ttft_ms, 0.99)},
+                  {"p99.9", percentile(r.ttft_ms, 0.999)},
+                  {"max", percentile(r.ttft_ms, 1.0)}};
+  j["request_wall_ms"] = {{"p50", percentile(r.wall_ms, 0.5)},
+                          {"p99", percentile(r.wall_ms, 0.99)},
+                          {"p99.9", percentile(r.wall_ms, 0.999)},
+                          {"max", percentile(r.wall_ms, 1.0)}};
   j["store"] = c.json();
   return j;
 }
@@ -807,15 +920,17 @@ int soak(const Args& args) {
              prompts.size(), min_tokens, max_tokens, kMethods.size());
   std::fflush(stdout);
   const auto ref0 = Clock::now();
-  std::vector<std::vector<std::vector<float>>> reference(prompts.size());
   std::unordered_map<KVKey, KVBlock, KVKeyHash> blocks;
+  References references(model, prompts, blocks);
   for (std::size_t p = 0; p < prompts.size(); ++p) {
-    for (const std::string& m : kMethods) {
+    for (std::size_t mi = 0; mi < kMethods.size(); ++mi) {
+      const std::string& m = kMethods[mi];
       InMemoryKVStore memory;
       CpuLlamaFusion engine(model);
       FusionPipeline<CpuLlamaFusion, InMemoryKVStore> pipeline(engine, memory);
       if (m != "full") pipeline.store_chunk_caches(prompts[p].tokens, prompts[p].layout);
-      reference[p].push_back(pipeline.run(prompts[p].tokens, prompts[p].layout, parse_method(m)).logits);
+      FusionResult r = pipeline.run(prompts[p].tokens, prompts[p].layout, parse_method(m));
+      references.add_healthy(static_cast<int>(p), static_cast<int>(mi), std::move(r.logits), sources_of(r.plan));
       for (const PromptChunk& c : prompts[p].layout.chunks) {
         const auto chunk = std::span(prompts[p].tokens).subspan(static_cast<std::size_t>(c.range.begin),
                                                                static_cast<std::size_t>(c.range.size()));
@@ -855,7 +970,7 @@ int soak(const Args& args) {
     engines.push_back(std::make_unique<CpuLlamaFusion>(model));
     pipelines.push_back(std::make_unique<Pipeline>(*engines.back(), tiered));
   }
-  World world{prompts, reference, pipelines};
+  World world{prompts, references, pipelines};
 
   // The evictor: keeps reads going to disk and Redis (both phases).
   std::atomic<bool> stop_evictor{false};
@@ -940,10 +1055,18 @@ int soak(const Args& args) {
   row("requests completed", base.completed, faulted.completed);
   row("requests failed (exception)", base.failed, faulted.failed);
   row("wrong-KV uses (logits != reference)", base.wrong_kv, faulted.wrong_kv);
+  row("requests on a degraded plan (chunk computed)", base.degraded_plans, faulted.degraded_plans);
+  row("unverifiable (plan not reproducible)", base.unverifiable, faulted.unverifiable);
   rowf("TTFT p50 ms (FusionResult)", percentile(base.ttft_ms, 0.5), percentile(faulted.ttft_ms, 0.5));
   rowf("TTFT p99 ms (FusionResult)", percentile(base.ttft_ms, 0.99), percentile(faulted.ttft_ms, 0.99));
+  rowf("TTFT p99.9 ms (FusionResult)", percentile(base.ttft_ms, 0.999), percentile(faulted.ttft_ms, 0.999));
+  rowf("TTFT max ms (FusionResult)", percentile(base.ttft_ms, 1.0), percentile(faulted.ttft_ms, 1.0));
   rowf("request p50 ms (queue + store + run)", percentile(base.wall_ms, 0.5), percentile(faulted.wall_ms, 0.5));
   rowf("request p99 ms (queue + store + run)", percentile(base.wall_ms, 0.99), percentile(faulted.wall_ms, 0.99));
+  rowf("request p99.9 ms (queue + store + run)", percentile(base.wall_ms, 0.999), percentile(faulted.wall_ms, 0.999));
+  rowf("request max ms (queue + store + run)", percentile(base.wall_ms, 1.0), percentile(faulted.wall_ms, 1.0));
+  rowf("requests per second", static_cast<double>(base.completed) / base.seconds,
+       static_cast<double>(faulted.completed) / faulted.seconds);
   row("planned entries unusable -> recomputed", base.rejected_entries, faulted.rejected_entries);
   row("layer reads failed mid-prefill", base.layer_read_failures, faulted.layer_read_failures);
   row("reads served: memory", base_c.tier_reads[0], fault_c.tier_reads[0]);
@@ -975,6 +1098,10 @@ int soak(const Args& args) {
              "held, {} exact\n", flog.redis_keys_lost_to_kill, redis_held, keys.size(), redis_exact);
   for (const PhaseResult* r : {&base, &faulted})
     for (const auto& [msg, n] : r->errors) fmt::print("  {} failure x{}: {}\n", r->name, n, msg);
+  for (const PhaseResult* r : {&base, &faulted}) {
+    for (const auto& [m, n] : r->wrong_by_method) fmt::print("  {} wrong-KV uses by {}: {}\n", r->name, m, n);
+    for (const std::string& e : r->wrong_examples) fmt::print("  {} WRONG-KV {}\n", r->name, e);
+  }
   if (!disk.last_rejection().empty()) fmt::print("last disk rejection: {}\n", disk.last_rejection());
   if (!redis.last_rejection().empty()) fmt::print("last redis rejection: {}\n", redis.last_rejection());
   if (!redis.last_error().empty()) fmt::print("last redis error: {}\n", redis.last_error());
@@ -1013,6 +1140,7 @@ int soak(const Args& args) {
     std::ofstream(args.json) << j.dump(2) << "\n";
   }
   const bool ok = base.failed + faulted.failed == 0 && base.wrong_kv + faulted.wrong_kv == 0 && lost == 0 &&
+                  base.unverifiable + faulted.unverifiable == 0 &&
                   flog.problems.empty();
   fmt::print("\n{}\n", ok ? "PASS: no failed request, no wrong-KV use, no byte lost"
                           : "FAIL: see failed requests, wrong-KV uses, bytes lost or problems above");

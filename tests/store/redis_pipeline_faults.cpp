@@ -51,8 +51,8 @@ using Tiered = TieredKVStore<InMemoryKVStore, DiskKVStore, RedisKVStore>;
 
 // [system, A, B, C, query]: four cached chunks, so four entries read per layer.
 const Prompt& request() {
-  static const Prompt p = kvfuse_test::assemble({kvfuse_test::kSystem, kvfuse_test::kA, kvfuse_test::kB, kvfuse_test::kC},
-                                                kvfuse_test::kQuery);
+  using namespace kvfuse_test;
+  static const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   return p;
 }
 constexpr std::size_t kChunks = 4;
@@ -171,7 +171,7 @@ FusionResult serve(Pipeline<Store>& pipeline, const std::string& method) {
   try {
     return pipeline.run(p.tokens, p.layout, parse_method(method));
   } catch (const std::exception& e) {
-    FAIL_CHECK("run() threw: " << e.what());
+    FAIL_CHECK("run() threw: " << std::string(e.what()));
   }
   return {};
 }

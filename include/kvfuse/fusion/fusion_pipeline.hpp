@@ -484,7 +484,11 @@ class FusionPipeline {
       const auto t0 = std::chrono::steady_clock::now();
       KVBlock block = backend_->chunk_kv(slice(tokens, c.range), 0);
       c.stored_first_position = 0;
-      store_->put(c.key, block);
+      try {  // losing the copy must not lose the request (a store that is down throws kvfuse::error)
+        store_->put(c.key, block);
+      } catch (const error& e) {
+        out.put_failures.emplace_back(e.what());
+      }
       out.time.chunk_compute_ms += detail::ms_since(t0);
       return block;
     }
