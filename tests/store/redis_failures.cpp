@@ -58,7 +58,7 @@ TEST_CASE("RedisKVStore: a killed server: misses and throws at once, waits out t
   server.kill();
   const auto failed_at = Clock::now();
   CHECK_FALSE(store.get(key).has_value());  // the connection breaks: a miss
-  CHECK(seconds_since(failed_at) < 0.5);
+  CHECK(seconds_since(failed_at) < 1.0);  // no wait for a dead server (bounds loose for TSan on a busy machine)
   CHECK(store.unavailable() == 1);
   CHECK(has(store.last_error(), "get"));
   CHECK(has(store.last_error(), server.address()));
@@ -75,7 +75,7 @@ TEST_CASE("RedisKVStore: a killed server: misses and throws at once, waits out t
   CHECK(has(put_error, store.key_name(key)));
   CHECK(has(put_error, server.address()));
   CHECK(has(kvfuse_test::error_of([&] { (void)store.erase(key); }), "cannot erase"));
-  CHECK(seconds_since(t0) < 0.2);
+  CHECK(seconds_since(t0) < 1.0);  // well inside the 1.5 s backoff
 
   // Even with the server back, the store waits for the backoff to expire before reconnecting.
   server.restart();
@@ -155,6 +155,6 @@ TEST_CASE("RedisKVStore: no server at all: constructing works, reads miss, puts 
   const std::string message = kvfuse_test::error_of([&] { store.put(KVKey{3, 3}, random_block(3, 10)); });
   CHECK(has(message, "cannot store"));
   CHECK(has(message, "Connection refused"));  // the backoff's message keeps the first failure's reason
-  CHECK(seconds_since(t0) < 0.5);
+  CHECK(seconds_since(t0) < 1.0);
   CHECK(store.unavailable() == 1);
 }

@@ -4,7 +4,7 @@
 // fewer bytes, at the cost of CPU time on every put and get. Needs liblz4 and libzstd (target kvfuse::codecs).
 //
 // The inner store keeps, under the same key, a KVBlock with the same num_tokens and first_position whose bytes
-// are (integers in host byte order, like DiskKVStore's files):
+// are (integers little-endian, like DiskKVStore's files; a big-endian host is refused at compile time):
 //   offset  0  char[4]  magic "KVFZ"
 //           4  u8       format version (1)
 //           5  u8       codec: 0 none, 1 lz4 (block format), 2 zstd (one frame, content size in its header)
@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +79,9 @@ struct CodecOptions {
   // Byte-shuffle before compressing (as Blosc): 0 off, or the element size, 2 (f16 / bf16 KV) or 4 (f32 KV). Byte
   // k of every element goes to the k-th plane, so the sign / exponent bytes, which vary little, lie together.
   int shuffle = 0;
+  // The largest raw payload get() decompresses: an entry claiming more is rejected before anything is allocated
+  // (a damaged or hostile header must not make a reader allocate what its bytes claim).
+  std::uint64_t max_raw_bytes = std::uint64_t{1} << 31;
 
   void validate() const {
     detail::require(codec == Codec::none || codec == Codec::lz4 || codec == Codec::zstd,
@@ -89,6 +93,7 @@ struct CodecOptions {
                     "CodecOptions: lz4_acceleration = {} is outside [1, 65537]", lz4_acceleration);
     detail::require(shuffle == 0 || shuffle == 2 || shuffle == 4, "CodecOptions: shuffle = {} is not 0, 2 or 4",
                     shuffle);
+    detail::require(max_raw_bytes > 0, "CodecOptions: max_raw_bytes = 0 must be > 0");
   }
 };
 
@@ -108,6 +113,8 @@ struct CodecStats {
     return raw_bytes_put > 0 ? static_cast<double>(stored_bytes_put) / static_cast<double>(raw_bytes_put) : 1.0;
   }
 };
+
+static_assert(std::endian::native == std::endian::little, "CompressedKVStore's entry headers are little-endian");
 
 namespace detail {
 
@@ -185,7 +192,7 @@ class CompressedKVStore {
     if (!stored) return std::nullopt;
     const auto start = std::chrono::steady_clock::now();
     KVBlock block{stored->num_tokens, {}, stored->first_position};
-    if (std::string why = decode(stored->bytes, block.bytes); !why.empty()) {
+    if (std::string why = decode(stored->bytes, options_.max_raw_bytes, block.bytes); !why.empty()) {
       std::lock_guard lock(mutex_);
       ++rejected_;
       last_rejection_ = fmt::format("CompressedKVStore: rejected entry {:016x}-{:016x} ({} bytes): {}", key.model,
@@ -292,7 +299,8 @@ class CompressedKVStore {
   }
 
   // Decodes an entry into `payload`; returns an empty string, or why the entry is rejected.
-  [[nodiscard]] static std::string decode(std::span<const std::byte> entry, std::vector<std::byte>& payload) {
+  [[nodiscard]] static std::string decode(std::span<const std::byte> entry, std::uint64_t max_raw_bytes,
+                                          std::vector<std::byte>& payload) {
     constexpr std::size_t h = detail::kv_codec_header_bytes;
     if (entry.size() < h) return fmt::format("{} bytes, shorter than the {}-byte codec header", entry.size(), h);
     if (std::memcmp(entry.data(), detail::kv_codec_magic.data(), detail::kv_codec_magic.size()) != 0) {
@@ -306,7 +314,8 @@ class CompressedKVStore {
     if (shuffle != 0 && shuffle != 2 && shuffle != 4) return fmt::format("unknown shuffle width {}", shuffle);
     const auto size = load_at<std::uint64_t>(entry, 8);
     const std::span<const std::byte> packed = entry.subspan(h);
-    // Sizes the packed bytes cannot hold are refused before anything is allocated.
+    // Sizes the packed bytes cannot hold, or above max_raw_bytes, are refused before anything is allocated.
+    if (size > max_raw_bytes) return fmt::format("raw size {} exceeds max_raw_bytes {}", size, max_raw_bytes);
     switch (codec) {
       case Codec::none:
         if (size != packed.size()) {

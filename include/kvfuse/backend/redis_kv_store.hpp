@@ -313,7 +313,7 @@ class RedisNode {
       out.replies.emplace_back(static_cast<redisReply*>(reply));
     }
     std::lock_guard state(state_mutex_);
-    backoff_ = std::chrono::milliseconds{0};
+    if (conn->generation == generation_) backoff_ = std::chrono::milliseconds{0};  // not a reply from before a failure
     return out;
   }
 
@@ -439,6 +439,14 @@ class RedisRouter {
   explicit RedisRouter(const RedisOptions& options) : options_(options), slots_(redis_cluster_slots, nullptr) {
     for (const RedisEndpoint& seed : options.nodes) (void)node_at(seed);
   }
+
+  // The slot map's version, and a reread of the map after a failure seen on a node it routed to (a failover may
+  // have moved the node's slots), unless another thread reread it since `seen_epoch`.
+  [[nodiscard]] std::uint64_t epoch() {
+    std::shared_lock lock(map_mutex_);
+    return epoch_;
+  }
+  void refresh_after_failure(std::uint64_t seen_epoch) { (void)refresh(seen_epoch); }
 
   // The node serving `key` (in a cluster: its slot's master, the slot map read when missing), or nullptr and why.
   [[nodiscard]] RedisNode* route(std::string_view key, std::string& why) {
@@ -643,6 +651,7 @@ class RedisKVStore {
       std::vector<std::string> names;
       names.reserve(keys.size());
       std::map<detail::RedisNode*, std::vector<std::size_t>> by_node;
+      const std::uint64_t epoch = router_.epoch();
       for (std::size_t i = 0; i < keys.size(); ++i) {
         names.push_back(key_name(keys[i]));
         std::string why;
@@ -656,6 +665,7 @@ class RedisKVStore {
         std::vector<detail::RedisCommand> commands;
         for (const std::size_t i : indices) commands.push_back({"GET", names[i]});
         detail::RedisExchange ex = node->exchange(commands);
+        if (options_.cluster && ex.new_failure) router_.refresh_after_failure(epoch);
         for (std::size_t j = 0; j < indices.size(); ++j) {
           const std::size_t i = indices[j];
           if (!ex.error.empty()) {

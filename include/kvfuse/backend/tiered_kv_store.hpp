@@ -22,7 +22,9 @@
 //             put does not throw: losing a copy must not lose the request.
 //             When no tier that should hold the block took it, the faster tiers are tried, p−1 down to 0.
 //   contains: any tier.
-//   erase:    every tier, and the pending write; true if any tier had the key.
+//   erase:    every tier, and the pending write; true if any tier had the key. A tier's erase that throws
+//             kvfuse::error (server down) is counted and kept (erase_failures, last_erase_error) and erase does not
+//             throw: the copy it could not remove is unreferenced KV under a content key, never wrong for that key.
 // Nothing is evicted here: bound a tier by erasing from it directly.
 //
 // Each tier's reads are measured (tier_stats), and tier_devices() describes the tiers as the loading controller
@@ -169,8 +171,15 @@ class TieredKVStore {
     Write write(stripe_of(key));
     write.stripe.pending.erase(key);
     bool erased = false;
-    for (std::size_t t = 0; t < kTiers; ++t)
-      erased = on_tier(t, [&](auto& tier) { return static_cast<bool>(tier.erase(key)); }) || erased;
+    for (std::size_t t = 0; t < kTiers; ++t) {
+      try {
+        erased = on_tier(t, [&](auto& tier) { return static_cast<bool>(tier.erase(key)); }) || erased;
+      } catch (const error& e) {
+        std::lock_guard lock(mutex_);
+        ++erase_failures_[t];
+        last_erase_error_[t] = e.what();
+      }
+    }
     return erased;
   }
 
@@ -213,6 +222,17 @@ class TieredKVStore {
     check_tier(tier, "last_put_error");
     std::lock_guard lock(mutex_);
     return last_put_error_[tier];
+  }
+  // How many erases of tier `tier` threw kvfuse::error, and the last one's message.
+  [[nodiscard]] std::int64_t erase_failures(std::size_t tier) const {
+    check_tier(tier, "erase_failures");
+    std::lock_guard lock(mutex_);
+    return erase_failures_[tier];
+  }
+  [[nodiscard]] std::string last_erase_error(std::size_t tier) const {
+    check_tier(tier, "last_erase_error");
+    std::lock_guard lock(mutex_);
+    return last_erase_error_[tier];
   }
   // The same for every tier but the first (a two-tier store's slow tier): the failures summed, the last message.
   [[nodiscard]] std::int64_t slow_put_failures() const {
@@ -329,6 +349,8 @@ class TieredKVStore {
   mutable std::mutex mutex_;  // guards the failure records, the statistics and the placement
   std::array<std::int64_t, kTiers> put_failures_{};
   std::array<std::string, kTiers> last_put_error_{};
+  std::array<std::int64_t, kTiers> erase_failures_{};
+  std::array<std::string, kTiers> last_erase_error_{};
   std::string last_slow_error_;
   std::array<ReadStats, kTiers> stats_{};
   std::size_t placement_ = 0;

@@ -288,12 +288,11 @@ class FusionPipeline {
       if (!variant_of[j]) continue;
       const KVKey vkey = variant_key(profiles[j]);
       const VariantInsertResult inserted = variants_.insert(profiles[j], vkey);
-      for (const VariantEntry& gone : inserted.evicted) {
-        store_->erase(gone.kv);
-        variant_positions_.erase(gone.kv.content);
-      }
-      store_->put(vkey, block);  // also refreshes the KV of a variant that was already known
+      // The pipeline's own state first: a store that throws (offline, a server down) leaves it consistent.
+      for (const VariantEntry& gone : inserted.evicted) variant_positions_.erase(gone.kv.content);
       variant_positions_[vkey.content] = r.begin;
+      for (const VariantEntry& gone : inserted.evicted) store_->erase(gone.kv);
+      store_->put(vkey, block);  // also refreshes the KV of a variant that was already known
     }
   }
 
