@@ -320,6 +320,22 @@ TEST_CASE("CompressedKVStore over DiskKVStore: compressed files, persistence acr
   CHECK(disk.rejected() == 1);
 }
 
+TEST_CASE("CompressedKVStore refuses a raw size above max_raw_bytes before allocating it") {
+  InMemoryKVStore inner;
+  const KVKey key{9, 9};
+  const KVBlock b = kv_block(64, kvfuse::DType::f32, 8);
+  CompressedKVStore<InMemoryKVStore>(inner, CodecOptions{Codec::zstd}).put(key, b);
+  CodecOptions small{Codec::zstd};
+  small.max_raw_bytes = b.bytes.size() - 1;
+  CompressedKVStore reader(inner, small);
+  CHECK_FALSE(reader.get(key).has_value());
+  CHECK(reader.rejected() == 1);
+  CHECK(has(reader.last_rejection(), fmt::format("raw size {} exceeds max_raw_bytes {}", b.bytes.size(),
+                                                 b.bytes.size() - 1)));
+  small.max_raw_bytes = b.bytes.size();
+  CHECK(CompressedKVStore(inner, small).get(key)->bytes == b.bytes);  // exactly the limit is read
+}
+
 TEST_CASE("CodecOptions names the bad value") {
   InMemoryKVStore inner;
   CHECK(has(kvfuse_test::error_of([&] { CompressedKVStore s(inner, CodecOptions{Codec::zstd, 100}); }),
@@ -330,6 +346,8 @@ TEST_CASE("CodecOptions names the bad value") {
             "codec = 9"));
   CHECK(has(kvfuse_test::error_of([&] { CompressedKVStore s(inner, CodecOptions{Codec::lz4, 3, 1, 3}); }),
             "shuffle = 3"));
+  CHECK(has(kvfuse_test::error_of([&] { CompressedKVStore s(inner, CodecOptions{Codec::lz4, 3, 1, 0, 0}); }),
+            "max_raw_bytes = 0"));
 }
 
 TEST_CASE("CompressedKVStore: one reader thread next to one writer thread (the KVStore contract)") {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/tiered_kv_store.hpp"
@@ -198,6 +200,32 @@ TEST_CASE("a failing tier is counted per tier and never fails the request") {
   CHECK_NOTHROW(two.put({3, 3}, block_of(3)));
   CHECK(two.put_failures(1) == 1);
   CHECK(memory2.get({3, 3})->bytes == block_of(3).bytes);
+}
+
+namespace {
+
+// A tier whose erase fails like a store that went away.
+struct UnerasableStore : InMemoryKVStore {
+  bool erase(const KVKey& key) { throw error(fmt::format("cannot erase {:x}: the server went away", key.content)); }
+};
+static_assert(KVStore<UnerasableStore>);
+
+}  // namespace
+
+TEST_CASE("a tier's failed erase is counted per tier, and erase still removes the key from the other tiers") {
+  InMemoryKVStore memory;
+  UnerasableStore remote;
+  TieredKVStore tiered(memory, remote);
+  tiered.put({4, 1}, block_of(1));
+  bool erased = false;
+  CHECK_NOTHROW(erased = tiered.erase({4, 1}));
+  CHECK(erased);
+  CHECK_FALSE(memory.contains({4, 1}));
+  CHECK(tiered.erase_failures(0) == 0);
+  CHECK(tiered.erase_failures(1) == 1);
+  CHECK(contains_text(tiered.last_erase_error(1), "the server went away"));
+  CHECK(tiered.last_erase_error(0).empty());
+  CHECK(contains_text(error_of([&] { (void)tiered.erase_failures(2); }), "tier 2"));
 }
 
 TEST_CASE("tier names and costs: defaults, configured, and bad configurations named") {
