@@ -95,6 +95,8 @@
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 
+#include "../examples/musique.hpp"
+
 extern char** environ;
 
 namespace {
@@ -124,18 +126,9 @@ struct Args {
   std::vector<std::string> faults = kFaultKinds;  // --faults a,b,...: only these kinds
 };
 
-double parse_real(std::string_view flag, std::string_view v) {
-  try {
-    std::size_t used = 0;
-    const double x = std::stod(std::string(v), &used);
-    require(used == v.size(), "{}: '{}' is not a number", flag, v);
-    return x;
-  } catch (const std::logic_error&) {
-    throw error(fmt::format("{}: '{}' is not a number", flag, v));
-  }
-}
-
 Args parse_args(int argc, char** argv) {
+  using kvfuse_example::parse_int;
+  using kvfuse_example::parse_real;
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
@@ -148,25 +141,20 @@ Args parse_args(int argc, char** argv) {
     if (flag == "--seconds") a.seconds = parse_real(flag, v);
     else if (flag == "--baseline-seconds") a.baseline_seconds = parse_real(flag, v);
     else if (flag == "--fault-every-s") a.fault_every_s = parse_real(flag, v);
-    else if (flag == "--clients") a.clients = static_cast<int>(parse_real(flag, v));
-    else if (flag == "--pipelines") a.pipelines = static_cast<int>(parse_real(flag, v));
-    else if (flag == "--prompts") a.prompts = static_cast<int>(parse_real(flag, v));
+    else if (flag == "--clients") a.clients = static_cast<int>(parse_int(flag, v));
+    else if (flag == "--pipelines") a.pipelines = static_cast<int>(parse_int(flag, v));
+    else if (flag == "--prompts") a.prompts = static_cast<int>(parse_int(flag, v));
     else if (flag == "--redis") a.redis = v;
-    else if (flag == "--redis-pid") a.redis_pid = static_cast<pid_t>(parse_real(flag, v));
+    else if (flag == "--redis-pid") a.redis_pid = static_cast<pid_t>(parse_int(flag, v));
     else if (flag == "--redis-server") a.redis_server = v;
-    else if (flag == "--redis-timeout-ms") a.redis_timeout_ms = static_cast<int>(parse_real(flag, v));
+    else if (flag == "--redis-timeout-ms") a.redis_timeout_ms = static_cast<int>(parse_int(flag, v));
     else if (flag == "--dir") a.dir = v;
-    else if (flag == "--seed") a.seed = static_cast<std::uint64_t>(parse_real(flag, v));
+    else if (flag == "--seed") a.seed = static_cast<std::uint64_t>(parse_int(flag, v));
     else if (flag == "--json") a.json = v;
     else if (flag == "--faults") {
-      a.faults.clear();
-      for (std::string_view rest = v; !rest.empty();) {
-        const std::size_t comma = rest.find(',');
-        const std::string kind(rest.substr(0, comma));
+      a.faults = kvfuse_example::split(v);
+      for (const std::string& kind : a.faults)
         require(std::find(kFaultKinds.begin(), kFaultKinds.end(), kind) != kFaultKinds.end(), "--faults: unknown kind '{}'", kind);
-        a.faults.push_back(kind);
-        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-      }
       require(!a.faults.empty(), "--faults: no kind given");
     }
     else throw error(fmt::format("unknown flag {}\n{}", flag, kUsage));
