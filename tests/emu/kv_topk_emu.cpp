@@ -23,9 +23,11 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/select/hkvd_selector.hpp"
 #include "kv_topk_emu.cuh"
 
 namespace {
@@ -37,6 +39,7 @@ int failures = 0;
 int deviation_runs = 0;
 int topk_runs = 0;
 int sort_runs = 0;
+int select_runs = 0;
 std::mt19937_64 rng(3);
 
 // 256-byte aligned bytes (cudaMalloc's alignment), between two guards of 4096 bytes of 0x5A.
@@ -278,6 +281,78 @@ void run_topk(const std::vector<float>& scores, std::int64_t k, int kind, bool b
   check_indices("top_k_tokens_by_sort", out, want, ref, n, k, kind);
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Gradual filtering
+
+// Scores of `kind` (make_scores) that HKVDSelector accepts for candidates: >= 0 or NaN (-inf becomes +inf,
+// -0.0 stays).
+std::vector<float> candidate_scores(std::int64_t n, int kind) {
+  std::vector<float> s = make_scores(n, kind);
+  for (auto& v : s)
+    if (v < 0.0f) v = -v;
+  return s;
+}
+
+// One request: chunks of `lengths` (every third one without stored KV) and a query of `query` rows, an
+// HKVDSelector of recompute ratio r over 5 layers (checks on 1, 2, 3). From S_0 = every row, each check layer
+// draws scores of `kind` for the entries of S_l (the mandatory entries' scores are garbage: negative, NaN) and
+// S_{l+1} comes from HKVDSelector::select, kvfuse::ref::hkvd_select and kvfuse::cuda::hkvd_select (on a
+// poisoned workspace): the same rows and count, nothing written past the count or outside the workspace.
+void run_select(const std::vector<std::int64_t>& lengths, std::int64_t query, double r, int kind) {
+  kvfuse::PromptLayout layout = kvfuse::PromptLayout::from_lengths(lengths, query);
+  for (std::size_t c = 0; c < layout.chunks.size(); c += 3) layout.chunks[c].cached = c == 0;
+  for (std::size_t c = 2; c < layout.chunks.size(); c += 3) layout.chunks[c].cached = false;
+  kvfuse::HKVDConfig config;
+  config.recompute_ratio = r;
+  const kvfuse::HKVDSelector selector(config, layout, 5);
+  const std::int64_t n = layout.num_tokens();
+  std::vector<std::uint8_t> mandatory(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) mandatory[static_cast<std::size_t>(t)] = selector.is_reusable(t) ? 0 : 1;
+  kvfuse::TokenSet set = selector.initial();
+  const auto fail = [&](int layer, const char* what) {
+    ++failures;
+    std::printf("FAIL hkvd_select n=%lld chunks=%zu r=%g scores=%s layer %d: %s\n", static_cast<long long>(n),
+                lengths.size(), r, kind_name(kind), layer, what);
+  };
+  for (int layer = 1; layer <= 3; ++layer) {
+    ++select_runs;
+    const auto size = static_cast<std::int64_t>(set.size());
+    std::vector<float> scores = candidate_scores(size, kind);
+    for (std::size_t i = 0; i < set.size(); i += 2)
+      if (mandatory[static_cast<std::size_t>(set[i])] != 0) scores[i] = i % 4 == 0 ? -3.0f : -NAN;
+    const kvfuse::TokenSet want = selector.select(layer, set, scores);
+    std::vector<std::int32_t> current(set.begin(), set.end());
+
+    kvfuse::HKVDSelectArgs a;
+    a.current = current.data();
+    a.scores = scores.data();
+    a.mandatory = mandatory.data();
+    a.num_current = size;
+    a.num_rows = n;
+    a.keep = selector.keep_count(layer);
+    std::vector<std::int32_t> ref(static_cast<std::size_t>(size) + 16, -7), out(ref.size(), -7);
+    std::int32_t ref_count = -1, count = -1;
+    a.next = ref.data();
+    a.num_next = &ref_count;
+    if (kvfuse::ref::hkvd_select(a) != Status::success) return fail(layer, kvfuse::last_status_message());
+    const std::size_t bytes = kvfuse::cuda::hkvd_select_workspace_bytes(size);
+    Buffer ws(bytes, 0xAB);
+    a.next = out.data();
+    a.num_next = &count;
+    if (kvfuse::cuda::hkvd_select(a, ws.data, bytes) != Status::success)
+      return fail(layer, kvfuse::last_status_message());
+    if (!ws.guard_intact()) return fail(layer, "written outside the workspace");
+    if (ref_count != static_cast<std::int32_t>(want.size()) ||
+        !std::equal(want.begin(), want.end(), ref.begin(), [](std::int64_t x, std::int32_t y) { return x == y; }))
+      return fail(layer, "kvfuse::ref::hkvd_select differs from HKVDSelector::select");
+    if (count != ref_count || !std::equal(out.begin(), out.begin() + count, ref.begin()))
+      return fail(layer, "the kernel's S_{l+1} differs from the reference");
+    if (std::any_of(out.begin() + count, out.end(), [](std::int32_t x) { return x != -7; }))
+      return fail(layer, "a row was written past the count");
+    set = want;
+  }
+}
+
 void check_refusals() {
   std::vector<float> s(5000, 1.0f);
   std::vector<std::int32_t> out(100, -7);
@@ -359,19 +434,29 @@ int main() {
     run_topk(make_scores(n, 0), n / 3, 0, false);
     run_topk(make_scores(n, 1), kvfuse::top_k_count(0.15, n), 1, false);
   }
+  // Gradual filtering: layouts from a few rows to 40K, recompute ratios 0 (the last check keeps no candidate),
+  // 0.15, 0.5 and 1 (every candidate stays), every kind of non-negative scores.
+  const std::vector<std::pair<std::vector<std::int64_t>, std::int64_t>> layouts = {
+      {{5, 0, 7}, 3}, {{100, 200, 50, 300}, 20}, {{1000, 3000, 2000, 1500, 700}, 40}, {{20000, 20000}, 64}};
+  for (const auto& [lengths, query] : layouts)
+    for (const double r : {0.0, 0.15, 0.5, 1.0})
+      for (int kind = 0; kind < 4; ++kind) run_select(lengths, query, r, kind);
   check_refusals();
-  const long long radix = emu::launches_by_kernel["impl::topk::radix_pass_kernel<impl::topk::radix_threads>"];
+  const long long radix = emu::launches_by_kernel["radix_pass_kernel<radix_threads>"];
   const long long iota = emu::launches_by_kernel["impl::topk::iota_kernel"];
-  if (radix == 0 || iota == 0 || emu::cub_calls == 0) {
+  const long long ranks = emu::launches_by_kernel["impl::topk::hkvd_rank_kernel"];
+  const long long flags = emu::launches_by_kernel["impl::topk::hkvd_flag_kernel"];
+  if (radix == 0 || iota == 0 || ranks == 0 || flags == 0 || emu::cub_calls == 0) {
     ++failures;
-    std::printf("FAIL a kernel never ran (radix passes %lld, iota %lld, CUB calls %lld)\n", radix, iota,
-                emu::cub_calls);
+    std::printf("FAIL a kernel never ran (radix passes %lld, iota %lld, hkvd rank %lld, hkvd flag %lld, CUB calls "
+                "%lld)\n",
+                radix, iota, ranks, flags, emu::cub_calls);
   }
   std::printf(
       "emu.kv_topk: %d deviation cases (vector launches %lld, scalar %lld), %d top_k_tokens calls, %d "
-      "top_k_tokens_by_sort calls, %d failed; %lld kernel launches (%lld radix passes), %lld CUB calls, "
-      "%lld emulated threads\n",
-      deviation_runs, vector_launches, scalar_launches, topk_runs, sort_runs, failures, emu::launches, radix,
-      emu::cub_calls, emu::emulated_threads);
+      "top_k_tokens_by_sort calls, %d hkvd_select calls, %d failed; %lld kernel launches (%lld radix passes), "
+      "%lld CUB calls, %lld emulated threads\n",
+      deviation_runs, vector_launches, scalar_launches, topk_runs, sort_runs, select_runs, failures, emu::launches,
+      radix, emu::cub_calls, emu::emulated_threads);
   return failures == 0 ? 0 : 1;
 }

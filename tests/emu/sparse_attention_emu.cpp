@@ -1,9 +1,10 @@
 // CPU emulation of the sparse-query attention kernels (tests/emu/README.md): the real
 // kernels/include/kvfuse/cuda/sparse_attention.cuh, its inline PTX (mma.sync, ldmatrix, cp.async) replaced
 // by warp-collective emulations (ptx_emu.inc) by transform_kernel.py, every CUDA thread a fiber, run
-// through the launcher (attention, split-KV combine, mass epilogue) and compared with
+// through the launcher (attention, split-KV combine, chunk-, query- and self-mass epilogues) and compared with
 // kvfuse::ref::sparse_attention: O (relative Frobenius error; fp32 accumulation order and the bf16/f16
-// rounding of P differ from the reference), LSE and chunk mass, and that O is not written outside its view.
+// rounding of P differ from the reference), LSE, chunk mass, self mass and query mass, that O is not written
+// outside its view, and that an epilogue nobody asked for launches nothing.
 //   kvfuse-emu-sparse_attention [--deferred | --eager] [case index]      (default: every case in both modes)
 // --eager lands every cp.async when it is issued (a missing barrier before a buffer refill then corrupts
 // what other warps still read); by default copies land at cp.async.wait_group (a read of a tile before the
@@ -33,6 +34,8 @@ struct Case {
   bool dense;     // every token is a query at its own position (dense causal attention)
   bool workspace; // pass the split-KV workspace the launcher asks for
   std::vector<std::int64_t> chunks;  // chunk_starts (C + 1 entries) or empty: no mass epilogue
+  bool self = false;                 // self-mass epilogue (each query's own key row)
+  std::int64_t query = -1;           // query-mass epilogue over the last `query` entries; -1: none
 };
 
 int failures = 0;
@@ -81,6 +84,17 @@ void run(int index, const Case& c) {
   const std::int64_t C = c.chunks.empty() ? 0 : static_cast<std::int64_t>(c.chunks.size()) - 1;
   std::vector<float> mass_kernel(static_cast<std::size_t>(std::max<std::int64_t>(S * C, 1)), NAN);
   std::vector<float> mass_ref(mass_kernel.size(), NAN);
+  // Self rows: the key at the query's position (queries are drawn from the key positions), else any key.
+  std::vector<std::int32_t> self_rows(static_cast<std::size_t>(S));
+  for (std::int64_t i = 0; i < S && N > 0; ++i) {
+    const auto at = std::lower_bound(kp.begin(), kp.end(), qp[static_cast<std::size_t>(i)]);
+    self_rows[static_cast<std::size_t>(i)] = at != kp.end() && *at == qp[static_cast<std::size_t>(i)]
+                                                 ? static_cast<std::int32_t>(at - kp.begin())
+                                                 : static_cast<std::int32_t>(i % N);
+  }
+  std::vector<float> self_kernel(static_cast<std::size_t>(S) + 4, NAN), self_ref(self_kernel.size(), NAN);
+  std::vector<float> query_kernel(static_cast<std::size_t>(N) + 4, NAN), query_ref(query_kernel.size(), NAN);
+  const std::int64_t query_rows = std::min(c.query, S);
 
   kvfuse::SparseAttentionArgs a;
   a.dtype = c.dtype;
@@ -103,6 +117,11 @@ void run(int index, const Case& c) {
   a.num_chunks = C;
   a.chunk_starts = C != 0 ? c.chunks.data() : nullptr;
   a.mass = C != 0 ? mass_kernel.data() : nullptr;
+  a.self_rows = c.self ? self_rows.data() : nullptr;
+  a.self_mass = c.self ? self_kernel.data() : nullptr;
+  a.query_begin = query_rows >= 0 ? S - query_rows : 0;
+  a.query_end = query_rows >= 0 ? S : 0;
+  a.query_mass = query_rows >= 0 ? query_kernel.data() : nullptr;
   std::vector<float> workspace;
   std::int64_t workspace_bytes = 0;
   if (c.workspace) {
@@ -112,25 +131,34 @@ void run(int index, const Case& c) {
     a.workspace_bytes = workspace_bytes;
   }
   char name[200];
-  std::snprintf(name, sizeof name, "%s case %d: %s d=%d Hq=%d Hkv=%d N=%d S=%lld%s%s%s C=%lld workspace=%lld",
-                emu::eager_copies ? "eager" : "deferred", index,
-                kvfuse::dtype_name(c.dtype), c.head_dim, c.q_heads, c.kv_heads, c.keys, static_cast<long long>(S),
-                c.strided ? " strided" : "", c.shuffled ? " unsorted" : "", c.dense ? " dense" : "",
-                static_cast<long long>(C), static_cast<long long>(workspace_bytes));
+  std::snprintf(name, sizeof name,
+                "%s case %d: %s d=%d Hq=%d Hkv=%d N=%d S=%lld%s%s%s C=%lld%s query=%lld workspace=%lld",
+                emu::eager_copies ? "eager" : "deferred", index, kvfuse::dtype_name(c.dtype), c.head_dim, c.q_heads,
+                c.kv_heads, c.keys, static_cast<long long>(S), c.strided ? " strided" : "",
+                c.shuffled ? " unsorted" : "", c.dense ? " dense" : "", static_cast<long long>(C),
+                c.self ? " self" : "", static_cast<long long>(query_rows), static_cast<long long>(workspace_bytes));
 
   current_case = name;
   emu::label = current_case.c_str();
   const long long launches_before = emu::launches;
+  const long long self_before = emu::launches_by_kernel["sparse_attention_self_mass_kernel<T, D>"];
+  const long long mass_before = emu::launches_by_kernel["sparse_attention_mass_kernel<T, D>"];
   if (const auto s = kvfuse::cuda::sparse_attention(a); s != kvfuse::Status::success) {
     std::printf("FAIL %s: launcher returned %s: %s\n", name, kvfuse::status_string(s), kvfuse::last_status_message());
     ++failures;
     return;
   }
   const long long launches = emu::launches - launches_before;
+  const bool self_ran = emu::launches_by_kernel["sparse_attention_self_mass_kernel<T, D>"] != self_before;
+  const bool mass_ran = emu::launches_by_kernel["sparse_attention_mass_kernel<T, D>"] != mass_before;
+  int unwanted = 0;  // an epilogue launched for nobody
+  if (self_ran != (c.self && S > 0) || mass_ran != (S > 0 && (C > 0 || query_rows > 0))) ++unwanted;
   kvfuse::SparseAttentionArgs r = a;
   r.o = o_ref.data();
   r.lse = lse_ref.data();
   r.mass = C != 0 ? mass_ref.data() : nullptr;
+  r.self_mass = c.self ? self_ref.data() : nullptr;
+  r.query_mass = query_rows >= 0 ? query_ref.data() : nullptr;
   if (const auto s = kvfuse::ref::sparse_attention(r); s != kvfuse::Status::success) {
     std::printf("FAIL %s: reference returned %s: %s\n", name, kvfuse::status_string(s), kvfuse::last_status_message());
     ++failures;
@@ -179,14 +207,32 @@ void run(int index, const Case& c) {
       std::printf("  %s: mass[query %lld][chunk %lld] = %g, reference %g\n", name, static_cast<long long>(x / C),
                   static_cast<long long>(x % C), static_cast<double>(m1), static_cast<double>(m2));
   }
+  // Self and query mass: within 1e-4 of the reference, and nothing written past S or N (or at all when not asked).
+  const auto compare = [&](const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                           std::int64_t count, bool asked) {
+    int bad = 0;
+    for (std::size_t x = 0; x < got.size(); ++x) {
+      const bool inside = asked && static_cast<std::int64_t>(x) < count;
+      const bool ok = inside ? std::fabs(got[x] - want[x]) <= 1e-4f * std::max(1.0f, std::fabs(want[x]))
+                             : std::isnan(got[x]);
+      if (!ok && ++bad <= 3)
+        std::printf("  %s: %s[%zu] = %g, reference %g%s\n", name, what, x, static_cast<double>(got[x]),
+                    static_cast<double>(want[x]), inside ? "" : " (must not be written)");
+    }
+    return bad;
+  };
+  const int self_bad = compare("self_mass", self_kernel, self_ref, S, c.self);
+  const int query_bad = compare("query_mass", query_kernel, query_ref, N, query_rows >= 0);
   const double rel = std::sqrt(diff / std::max(norm, 1e-30));
   const double tol = c.dtype == DType::bf16 ? 1e-2 : 5e-3;
-  const bool pass = rel <= tol && non_finite == 0 && lse_bad == 0 && mass_bad == 0 && outside_written == 0;
+  const bool pass = rel <= tol && non_finite == 0 && lse_bad == 0 && mass_bad == 0 && outside_written == 0 &&
+                    self_bad == 0 && query_bad == 0 && unwanted == 0;
   failures += pass ? 0 : 1;
   std::printf("%s %s: %lld launches, O relative error %.3g (tolerance %.0e, worst |diff| %.3g at element %lld), "
-              "non-finite O %d, bad LSE %d, bad mass %d, writes outside O %d\n",
+              "non-finite O %d, bad LSE %d, bad mass %d, bad self mass %d, bad query mass %d, writes outside O %d, "
+              "unwanted epilogue launches %d\n",
               pass ? "ok  " : "FAIL", name, launches, rel, tol, worst, static_cast<long long>(worst_at), non_finite,
-              lse_bad, mass_bad, outside_written);
+              lse_bad, mass_bad, self_bad, query_bad, outside_written, unwanted);
 }
 
 }  // namespace
@@ -215,21 +261,27 @@ int main(int argc, char** argv) {
     };
     const kvfuse::bf16 bf16{};
     const kvfuse::f16 f16{};
-    // dtype, d, Hq, Hkv, N, S, strided, unsorted, dense, workspace, chunk_starts
-    go(bf16, {DType::bf16, 64, 2, 1, 150, 70, false, false, false, false, {}});        // query tile tail, GQA
-    go(f16, {DType::f16, 128, 3, 1, 130, 20, true, false, false, false, {}});          // strided, d = 128
-    go(bf16, {DType::bf16, 64, 2, 2, 100, 100, false, false, true, false, {}});        // dense causal
-    go(bf16, {DType::bf16, 128, 2, 1, 200, 40, false, true, false, false, {0, 50, 50, 129, 200}});  // empty chunk
-    go(f16, {DType::f16, 64, 2, 1, 1100, 30, false, false, false, true, {10, 700, 1000}});  // split KV + mass
-    go(bf16, {DType::bf16, 128, 1, 1, 1, 2, false, false, false, true, {0, 1}});       // one key
-    go(bf16, {DType::bf16, 128, 9, 3, 333, 80, true, false, false, true, {}});         // GQA 3, strided
+    // dtype, d, Hq, Hkv, N, S, strided, unsorted, dense, workspace, chunk_starts, self mass, query rows
+    go(bf16, {DType::bf16, 64, 2, 1, 150, 70, false, false, false, false, {}, true, 6});  // query tile tail, GQA
+    go(f16, {DType::f16, 128, 3, 1, 130, 20, true, false, false, false, {}, false, 20});  // strided, d = 128
+    go(bf16, {DType::bf16, 64, 2, 2, 100, 100, false, false, true, false, {}, true, 30});  // dense causal
+    go(bf16, {DType::bf16, 128, 2, 1, 200, 40, false, true, false, false, {0, 50, 50, 129, 200}, true, 5});  // empty
+    go(f16, {DType::f16, 64, 2, 1, 1100, 30, false, false, false, true, {10, 700, 1000}, true, 4});  // split KV + mass
+    go(bf16, {DType::bf16, 128, 1, 1, 1, 2, false, false, false, true, {0, 1}, true, 1});  // one key
+    go(bf16, {DType::bf16, 128, 9, 3, 333, 80, true, false, false, true, {}, true});  // GQA 3, strided, self only
     go(f16, {DType::f16, 64, 32, 8, 200, 70, false, false, false, false, {0, 64, 128, 200}});  // many heads
-    go(bf16, {DType::bf16, 64, 4, 1, 2100, 50, false, true, false, true, {0, 1000, 2100}});   // split, unsorted
-    go(f16, {DType::f16, 128, 2, 2, 1500, 129, true, false, false, true, {5, 64, 65, 1499}});  // split, 3 tiles
-    go(bf16, {DType::bf16, 64, 2, 1, 0, 3, false, false, false, true, {}});            // no keys
+    go(bf16, {DType::bf16, 64, 4, 1, 2100, 50, false, true, false, true, {0, 1000, 2100}, false, 0});  // unsorted
+    go(f16, {DType::f16, 128, 2, 2, 1500, 129, true, false, false, true, {5, 64, 65, 1499}, true, 70});  // 3 tiles
+    go(bf16, {DType::bf16, 64, 2, 1, 0, 3, false, false, false, true, {}, false, 3});  // no keys
     go(bf16, {DType::bf16, 128, 4, 2, 300, 300, false, false, true, true, {0, 100, 300}});  // dense + mass
+    go(f16, {DType::f16, 64, 8, 2, 900, 200, false, false, false, true, {}, false, 20});  // query mass alone, split
   }
-  std::printf("emu.sparse_attention: %d failed, %lld kernel launches, %lld emulated threads\n", failures,
-              emu::launches, emu::emulated_threads);
+  const long long self_launches = emu::launches_by_kernel["sparse_attention_self_mass_kernel<T, D>"];
+  if (self_launches == 0) {
+    ++failures;
+    std::printf("FAIL the self-mass kernel never ran\n");
+  }
+  std::printf("emu.sparse_attention: %d failed, %lld kernel launches (%lld self mass), %lld emulated threads\n",
+              failures, emu::launches, self_launches, emu::emulated_threads);
   return failures == 0 ? 0 : 1;
 }

@@ -30,9 +30,10 @@ PTX_INSTRUCTIONS = ["mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "c
 LAUNCHES = {
     "rope": {"rope_kernel": (1, "serial")},
     "sparse_attention": {"sparse_attention_kernel": (1, "fibers"), "sparse_attention_combine_kernel": (1, "fibers"),
-                         "sparse_attention_mass_kernel": (1, "fibers")},
+                         "sparse_attention_mass_kernel": (1, "fibers"), "sparse_attention_self_mass_kernel": (1, "fibers")},
     "kv_scatter": {"kv_row_copy_kernel": (3, "serial")},
-    "kv_topk": {"kv_deviation_kernel": (2, "fibers"), "radix_pass_kernel": (1, "fibers"), "iota_kernel": (1, "serial")},
+    "kv_topk": {"kv_deviation_kernel": (2, "fibers"), "radix_pass_kernel": (1, "fibers"), "iota_kernel": (1, "serial"),
+                "hkvd_rank_kernel": (1, "serial"), "hkvd_flag_kernel": (1, "serial")},
 }
 # kv_topk: static shared-memory declarations `__shared__ TYPE name[N];` / `__shared__ TYPE name;`.
 STATIC_SHARED = re.compile(r"__shared__\s+((?:typename\s+)?[\w:]+(?:<[^<>;]*>)?(?:::\w+)*)\s+(\w+)\s*(\[[^\]]+\])?\s*;")

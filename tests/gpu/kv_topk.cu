@@ -1,5 +1,6 @@
-// kvfuse::cuda::kv_deviation and top_k_tokens against their CPU references (kvfuse/ref/kv_topk.hpp) and an
-// fp64 deviation loop written here; top_k_tokens also against the full-sort baseline (cub radix sort).
+// kvfuse::cuda::kv_deviation, top_k_tokens and hkvd_select against their CPU references (kvfuse/ref/kv_topk.hpp)
+// and an fp64 deviation loop / a stable-sort selection written here; top_k_tokens also against the full-sort
+// baseline (cub radix sort).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -339,4 +340,144 @@ KVFUSE_GPU_TEST("top_k_tokens refuses a small or misaligned workspace and bad k"
   const std::vector<std::int32_t> untouched = out.download();
   KVFUSE_GPU_CHECK(first_overwritten_guard(untouched, 0) < 0, "k = 0 wrote index %lld",
                    static_cast<long long>(first_overwritten_guard(untouched, 0)));
+}
+
+namespace {
+
+// Gradual filtering of one request on the GPU, checked against kvfuse::ref::hkvd_select (whose set is
+// HKVDSelector::select's: tests/unit/kv_topk_ref.cpp) and a stable-sort selection written here. Rows
+// [0, n): every 5th block of 1000 rows and the last `query` rows are mandatory. From S_0 = every row, three
+// checks keep round(r_i * reusable) candidates (r_i = 0.25, 0.20, 0.15); scores with heavy ties, NaN and +inf
+// mixed in, the mandatory entries' scores garbage (-1 for half of them).
+void run_hkvd_select(std::int64_t n, std::int64_t query) {
+  std::vector<std::uint8_t> mandatory(static_cast<std::size_t>(n), 0);
+  std::int64_t reusable = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    mandatory[static_cast<std::size_t>(t)] = (t / 1000) % 5 == 4 || t >= n - query ? 1 : 0;
+    reusable += mandatory[static_cast<std::size_t>(t)] == 0 ? 1 : 0;
+  }
+  std::vector<std::int32_t> set(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) set[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+  DeviceBuffer<std::uint8_t> d_mandatory(mandatory.size());
+  d_mandatory.upload(mandatory);
+  DeviceBuffer<std::int32_t> d_current(set.size()), d_next(set.size() + 16), d_count(1);
+  DeviceBuffer<float> d_scores(set.size());
+  DeviceBuffer<unsigned char> ws(kvfuse::cuda::hkvd_select_workspace_bytes(n));
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::uniform_real_distribution<float> value(0.0f, 50.0f);
+  for (const double ratio : {0.25, 0.20, 0.15}) {
+    const auto size = static_cast<std::int64_t>(set.size());
+    std::vector<float> scores(set.size());
+    for (std::size_t i = 0; i < scores.size(); ++i) {
+      const int p = pick(rng());
+      scores[i] = p < 2 ? std::numeric_limits<float>::quiet_NaN()
+                  : p < 4 ? std::numeric_limits<float>::infinity()
+                  : p < 30 ? static_cast<float>(p % 3)
+                           : value(rng());
+      if (mandatory[static_cast<std::size_t>(set[i])] != 0 && p % 2 == 0) scores[i] = -1.0f;
+    }
+    d_current.upload(set);
+    d_scores.upload(scores);
+    d_next.poison();
+    d_count.poison();
+    kvfuse::HKVDSelectArgs a;
+    a.current = d_current.data();
+    a.scores = d_scores.data();
+    a.mandatory = d_mandatory.data();
+    a.num_current = size;
+    a.num_rows = n;
+    a.keep = kvfuse::top_k_count(ratio, reusable);
+    a.next = d_next.data();
+    a.num_next = d_count.data();
+    KVFUSE_GPU_OK(kvfuse::cuda::hkvd_select(a, ws.data(), ws.size()));
+    KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+
+    std::vector<std::int32_t> ref(set.size());
+    std::int32_t ref_count = -1;
+    kvfuse::HKVDSelectArgs h = a;
+    h.current = set.data();
+    h.scores = scores.data();
+    h.mandatory = mandatory.data();
+    h.next = ref.data();
+    h.num_next = &ref_count;
+    KVFUSE_GPU_OK(kvfuse::ref::hkvd_select(h));
+    ref.resize(static_cast<std::size_t>(ref_count));
+    // Independently: the mandatory entries, and the best `keep` candidates by a stable sort (NaN first).
+    std::vector<std::int32_t> candidates;
+    for (std::int64_t i = 0; i < size; ++i)
+      if (mandatory[static_cast<std::size_t>(set[static_cast<std::size_t>(i)])] == 0)
+        candidates.push_back(static_cast<std::int32_t>(i));
+    std::stable_sort(candidates.begin(), candidates.end(), [&](std::int32_t x, std::int32_t y) {
+      const float u = scores[static_cast<std::size_t>(x)], w = scores[static_cast<std::size_t>(y)];
+      if (std::isnan(u) || std::isnan(w)) return std::isnan(u) && !std::isnan(w);
+      return u > w;
+    });
+    std::vector<std::uint8_t> keep(set.size(), 0);
+    for (std::size_t c = 0; c < candidates.size() && static_cast<std::int64_t>(c) < a.keep; ++c)
+      keep[static_cast<std::size_t>(candidates[c])] = 1;
+    std::vector<std::int32_t> want;
+    for (std::size_t i = 0; i < set.size(); ++i)
+      if (keep[i] != 0 || mandatory[static_cast<std::size_t>(set[i])] != 0) want.push_back(set[i]);
+    KVFUSE_GPU_CHECK(ref == want, "n %lld ratio %g: the CPU reference differs from the stable-sort selection",
+                     static_cast<long long>(n), ratio);
+
+    const std::int32_t count = d_count.download()[0];
+    std::vector<std::int32_t> got = d_next.download();
+    KVFUSE_GPU_CHECK(count == ref_count, "n %lld ratio %g: count %d, want %d", static_cast<long long>(n), ratio, count,
+                     ref_count);
+    KVFUSE_GPU_CHECK(std::all_of(got.begin() + ref_count, got.end(), [](std::int32_t x) { return x == -1; }),
+                     "n %lld ratio %g: rows written past the count", static_cast<long long>(n), ratio);
+    got.resize(static_cast<std::size_t>(ref_count));
+    const std::int64_t at = first_difference(got, ref);
+    KVFUSE_GPU_CHECK(at < 0, "n %lld ratio %g: S_{l+1} differs from the CPU reference at entry %lld",
+                     static_cast<long long>(n), ratio, static_cast<long long>(at));
+    set = ref;
+  }
+}
+
+}  // namespace
+
+KVFUSE_GPU_TEST("hkvd_select: gradual filtering equals the CPU reference, N = 100 .. 1M") {
+  for (const std::int64_t n : {std::int64_t{100}, std::int64_t{4096}, std::int64_t{131072}, std::int64_t{1} << 20})
+    run_hkvd_select(n, 37);
+}
+
+KVFUSE_GPU_TEST("hkvd_select refuses a small or misaligned workspace; keep 0 keeps the mandatory rows") {
+  const std::vector<std::int32_t> rows = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> scores = {5, 4, 3, 2, 1, 0};
+  const std::vector<std::uint8_t> mandatory = {0, 0, 1, 0, 0, 1};
+  DeviceBuffer<std::int32_t> d_rows(rows.size()), d_next(rows.size()), d_count(1);
+  DeviceBuffer<float> d_scores(scores.size());
+  DeviceBuffer<std::uint8_t> d_mandatory(mandatory.size());
+  d_rows.upload(rows);
+  d_scores.upload(scores);
+  d_mandatory.upload(mandatory);
+  const std::size_t need = kvfuse::cuda::hkvd_select_workspace_bytes(6);
+  DeviceBuffer<unsigned char> ws(need + 256);
+  kvfuse::HKVDSelectArgs a;
+  a.current = d_rows.data();
+  a.scores = d_scores.data();
+  a.mandatory = d_mandatory.data();
+  a.num_current = 6;
+  a.num_rows = 6;
+  a.keep = 0;
+  a.next = d_next.data();
+  a.num_next = d_count.data();
+  KVFUSE_GPU_CHECK(kvfuse::cuda::hkvd_select(a, ws.data(), need - 1) == kvfuse::Status::invalid_argument,
+                   "a workspace one byte short was accepted");
+  KVFUSE_GPU_CHECK(kvfuse::cuda::hkvd_select(a, ws.data() + 8, need) == kvfuse::Status::invalid_argument,
+                   "a misaligned workspace was accepted");
+  KVFUSE_GPU_OK(kvfuse::cuda::hkvd_select(a, ws.data(), need));
+  KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+  std::vector<std::int32_t> got = d_next.download();
+  got.resize(static_cast<std::size_t>(d_count.download()[0]));
+  KVFUSE_GPU_CHECK((got == std::vector<std::int32_t>{2, 5}), "keep 0 kept %zu rows, want the mandatory 2 and 5",
+                   got.size());
+  a.keep = 2;
+  KVFUSE_GPU_OK(kvfuse::cuda::hkvd_select(a, ws.data(), need));
+  KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+  got = d_next.download();
+  got.resize(static_cast<std::size_t>(d_count.download()[0]));
+  KVFUSE_GPU_CHECK((got == std::vector<std::int32_t>{0, 1, 2, 5}), "keep 2 kept %zu rows, want 0, 1, 2, 5",
+                   got.size());
 }

@@ -1,7 +1,8 @@
 // kvfuse::cuda::sparse_attention against an fp64 CPU reference written here (two-pass softmax, the mask
 // written out as pos_k <= pos_q), on fresh random inputs with poisoned outputs: bf16 / f16, head_dim 64 /
 // 128, GQA, packed and strided layouts, query and key counts that are not multiples of the 64-row tiles,
-// queries before and after every key, unsorted queries, dense causal, and the chunk-mass epilogue.
+// queries before and after every key, unsorted queries, dense causal, and the chunk-mass epilogue; the self-
+// and query-mass epilogues against the CPU reference kvfuse::ref::sparse_attention on the same inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -339,6 +340,127 @@ KVFUSE_GPU_TEST("sparse_attention: split KV (few queries, long prompt) and split
   run_case<kvfuse::f16>({"split-f16-64-strided", DType::f16, 64, 6, 2, 3000, 100, true, false, false, {}});
   run_case<kvfuse::bf16>({"split-mass", DType::bf16, 64, 4, 2, 2000, 40, false, false, false,
                           {0, 300, 301, 1024, 1500, 2000}});
+}
+
+namespace {
+
+// The self- and query-mass epilogues (with the chunk mass next to them when `chunks`) against
+// kvfuse::ref::sparse_attention on the same inputs (the reference is checked against fp64 in
+// tests/unit/sparse_attention_ref.cpp): within 1e-3 of max(1, |ref|), outputs poisoned first, with and without
+// the split workspace. The engine's shape: keys are the prompt's rows at positions 0..N-1, the queries a
+// sorted random subset of the rows with the last row, each query's own row its position, the query rows the
+// last `query_rows` entries.
+template <class T>
+void run_epilogues(DType dtype, int d, int hq, int hkv, int n, int s, int query_rows, bool chunks) {
+  std::printf("  epilogues %s d=%d Hq=%d Hkv=%d N=%d S=%d query rows %d%s\n", kvfuse::dtype_name(dtype), d, hq, hkv, n,
+              s, query_rows, chunks ? " + chunk mass" : "");
+  std::vector<std::int32_t> kp(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) kp[static_cast<std::size_t>(j)] = j;
+  std::vector<std::int32_t> pool(kp.begin(), kp.end() - 1);
+  std::shuffle(pool.begin(), pool.end(), rng());
+  std::vector<std::int32_t> qp(pool.begin(), pool.begin() + (s - 1));
+  qp.push_back(n - 1);
+  std::sort(qp.begin(), qp.end());
+  const std::vector<std::int64_t> starts = chunks ? std::vector<std::int64_t>{0, n / 3, n / 3, n - 50, n}
+                                                  : std::vector<std::int64_t>{};
+  const std::int64_t c_count = chunks ? 4 : 0;
+  const auto q = kvfuse::gpu_test::random_values<T>(static_cast<std::size_t>(s * hq * d));
+  const auto k = kvfuse::gpu_test::random_values<T>(static_cast<std::size_t>(n * hkv * d));
+  const auto v = kvfuse::gpu_test::random_values<T>(static_cast<std::size_t>(n * hkv * d));
+  DeviceBuffer<T> dq(q.size()), dk(k.size()), dv(v.size()), d_o(q.size());
+  DeviceBuffer<std::int32_t> dqp(qp.size()), dkp(kp.size());
+  DeviceBuffer<float> dlse(static_cast<std::size_t>(s * hq)), dself(static_cast<std::size_t>(s) + 8);
+  DeviceBuffer<float> dquery(static_cast<std::size_t>(n) + 8);
+  DeviceBuffer<float> dmass(static_cast<std::size_t>(std::max<std::int64_t>(s * c_count, 1)));
+  DeviceBuffer<std::int64_t> dstarts(std::max<std::size_t>(starts.size(), 1));
+  dq.upload(q);
+  dk.upload(k);
+  dv.upload(v);
+  dqp.upload(qp);
+  dkp.upload(kp);
+  dstarts.upload(starts);
+
+  SparseAttentionArgs a;
+  a.dtype = dtype;
+  a.num_queries = s;
+  a.num_keys = n;
+  a.num_q_heads = hq;
+  a.num_kv_heads = hkv;
+  a.head_dim = d;
+  a.q = dq.data();
+  a.k = dk.data();
+  a.v = dv.data();
+  a.o = d_o.data();
+  a.q_pos = dqp.data();
+  a.k_pos = dkp.data();
+  a.lse = dlse.data();
+  a.num_chunks = c_count;
+  a.chunk_starts = chunks ? dstarts.data() : nullptr;
+  a.mass = chunks ? dmass.data() : nullptr;
+  a.self_rows = dqp.data();  // positions are rows
+  a.self_mass = dself.data();
+  a.query_begin = s - query_rows;
+  a.query_end = s;
+  a.query_mass = dquery.data();
+
+  // The reference on host copies.
+  std::vector<T> o_ref(q.size());
+  std::vector<float> lse_ref(static_cast<std::size_t>(s * hq)), self_ref(static_cast<std::size_t>(s));
+  std::vector<float> query_ref(static_cast<std::size_t>(n));
+  std::vector<float> mass_ref(static_cast<std::size_t>(std::max<std::int64_t>(s * c_count, 1)));
+  SparseAttentionArgs r = a;
+  r.q = q.data();
+  r.k = k.data();
+  r.v = v.data();
+  r.o = o_ref.data();
+  r.q_pos = qp.data();
+  r.k_pos = kp.data();
+  r.lse = lse_ref.data();
+  r.chunk_starts = chunks ? starts.data() : nullptr;
+  r.mass = chunks ? mass_ref.data() : nullptr;
+  r.self_rows = qp.data();
+  r.self_mass = self_ref.data();
+  r.query_mass = query_ref.data();
+  KVFUSE_GPU_OK(kvfuse::ref::sparse_attention(r));
+
+  const auto compare = [](const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                          std::size_t count) {
+    int bad = 0;
+    for (std::size_t x = 0; x < count; ++x)
+      if (!(std::fabs(got[x] - want[x]) <= 1e-3 * std::max(1.0f, std::fabs(want[x]))) && ++bad <= 5)
+        std::printf("    %s[%zu]: got %.7g want %.7g\n", what, x, static_cast<double>(got[x]),
+                    static_cast<double>(want[x]));
+    for (std::size_t x = count; x < got.size(); ++x)
+      if (!std::isnan(got[x]) && ++bad <= 5) std::printf("    %s[%zu] past the end was written\n", what, x);
+    return bad;
+  };
+  const std::int64_t ws_bytes = kvfuse::cuda::sparse_attention_workspace_bytes(a);
+  DeviceBuffer<float> workspace(static_cast<std::size_t>(std::max<std::int64_t>(ws_bytes / 4, 1)));
+  for (const bool split : {false, true}) {
+    if (split && ws_bytes == 0) break;
+    a.workspace = split ? workspace.data() : nullptr;
+    a.workspace_bytes = split ? ws_bytes : 0;
+    dself.poison();
+    dquery.poison();
+    dmass.poison();
+    KVFUSE_GPU_OK(kvfuse::cuda::sparse_attention(a));
+    KVFUSE_GPU_CUDA(cudaDeviceSynchronize());
+    const int self_bad = compare("self_mass", dself.download(), self_ref, static_cast<std::size_t>(s));
+    const int query_bad = compare("query_mass", dquery.download(), query_ref, static_cast<std::size_t>(n));
+    const int mass_bad =
+        chunks ? compare("mass", dmass.download(), mass_ref, static_cast<std::size_t>(s * c_count)) : 0;
+    KVFUSE_GPU_CHECK(self_bad == 0 && query_bad == 0 && mass_bad == 0,
+                     "%s: %d self-mass, %d query-mass, %d chunk-mass values off", split ? "split" : "no workspace",
+                     self_bad, query_bad, mass_bad);
+  }
+}
+
+}  // namespace
+
+KVFUSE_GPU_TEST("sparse_attention: self- and query-mass epilogues equal the CPU reference") {
+  run_epilogues<kvfuse::bf16>(DType::bf16, 128, 32, 8, 1000, 150, 20, false);  // query rows in 1 tile
+  run_epilogues<kvfuse::f16>(DType::f16, 64, 9, 3, 777, 130, 70, true);      // over 2 tiles, chunk mass too
+  run_epilogues<kvfuse::bf16>(DType::bf16, 64, 4, 1, 4096, 40, 40, true);    // split KV: every query a query row
 }
 
 KVFUSE_GPU_TEST("sparse_attention: launcher refusals") {

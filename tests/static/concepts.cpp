@@ -18,7 +18,11 @@ struct MinimalDecoding : MinimalCompute {  // what serve needs: greedy decoding,
 };
 struct MinimalStore {
   bool contains(const kvfuse::KVKey&) const { return false; }
+  std::vector<bool> contains_many(std::span<const kvfuse::KVKey> keys) const { return std::vector<bool>(keys.size()); }
   std::optional<kvfuse::KVBlock> get(const kvfuse::KVKey&) { return std::nullopt; }
+  std::vector<std::optional<kvfuse::KVBlock>> get_many(std::span<const kvfuse::KVKey> keys) {
+    return std::vector<std::optional<kvfuse::KVBlock>>(keys.size());
+  }
   void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
   bool erase(const kvfuse::KVKey&) { return false; }
 };
@@ -33,16 +37,31 @@ struct ComputeWithMutableFingerprint {  // model_fingerprint must be callable on
   void compute_kv(kvfuse::TokenRange) {}
   void install_kv(kvfuse::TokenRange, const kvfuse::KVBlock&) {}
 };
-struct StoreReturningPointer {  // get must return std::optional<KVBlock>
-  bool contains(const kvfuse::KVKey&) const { return false; }
+struct StoreReturningPointer : MinimalStore {  // get must return std::optional<KVBlock>
   const kvfuse::KVBlock* get(const kvfuse::KVKey&) { return nullptr; }
-  void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
-  bool erase(const kvfuse::KVKey&) { return false; }
 };
 struct StoreWithoutErase {
   bool contains(const kvfuse::KVKey&) const { return false; }
+  std::vector<bool> contains_many(std::span<const kvfuse::KVKey> keys) const { return std::vector<bool>(keys.size()); }
+  std::optional<kvfuse::KVBlock> get(const kvfuse::KVKey&) { return std::nullopt; }
+  std::vector<std::optional<kvfuse::KVBlock>> get_many(std::span<const kvfuse::KVKey> keys) {
+    return std::vector<std::optional<kvfuse::KVBlock>>(keys.size());
+  }
+  void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
+};
+struct StoreWithoutBatches {  // contains_many and get_many are part of KVStore
+  bool contains(const kvfuse::KVKey&) const { return false; }
   std::optional<kvfuse::KVBlock> get(const kvfuse::KVKey&) { return std::nullopt; }
   void put(const kvfuse::KVKey&, kvfuse::KVBlock) {}
+  bool erase(const kvfuse::KVKey&) { return false; }
+};
+struct StoreWithMutableContainsMany : MinimalStore {  // contains_many must be callable on a const store
+  std::vector<bool> contains_many(std::span<const kvfuse::KVKey> keys) { return std::vector<bool>(keys.size()); }
+};
+struct StoreWithBatchGetOfPointers : MinimalStore {  // get_many must return one std::optional<KVBlock> per key
+  std::vector<const kvfuse::KVBlock*> get_many(std::span<const kvfuse::KVKey> keys) {
+    return std::vector<const kvfuse::KVBlock*>(keys.size());
+  }
 };
 
 }  // namespace
@@ -68,6 +87,9 @@ static_assert(!kvfuse::ComputeBackend<ComputeWithoutInstall>);
 static_assert(!kvfuse::ComputeBackend<ComputeWithMutableFingerprint>);
 static_assert(!kvfuse::KVStore<StoreReturningPointer>);
 static_assert(!kvfuse::KVStore<StoreWithoutErase>);
+static_assert(!kvfuse::KVStore<StoreWithoutBatches>);
+static_assert(!kvfuse::KVStore<StoreWithMutableContainsMany>);
+static_assert(!kvfuse::KVStore<StoreWithBatchGetOfPointers>);
 static_assert(!kvfuse::KVStore<kvfuse::SimulatedCompute>);
 static_assert(!kvfuse::ComputeBackend<kvfuse::InMemoryKVStore>);
 static_assert(kvfuse::DecodingBackend<MinimalDecoding>);

@@ -1,6 +1,7 @@
 // CompressedKVStore: bit-exact round trips per codec on KV-like fp32 / fp16 data and on empty and tiny blocks,
 // entries written with another codec, damaged entries (a miss with a reason, never an exception or wrong bytes),
-// layering over DiskKVStore, option validation, statistics, and one reader next to one writer (tsan).
+// layering over DiskKVStore, contains_many / get_many, option validation, statistics, and one reader next to one
+// writer (tsan).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -275,6 +276,28 @@ TEST_CASE("CompressedKVStore rejects a block its inner store holds that it did n
   CHECK_FALSE(store.get(key).has_value());
   CHECK(store.rejected() == 1);
   CHECK(has(store.last_rejection(), "wrong magic"));
+}
+
+TEST_CASE("CompressedKVStore: contains_many and get_many equal contains and get, a foreign entry a miss in both") {
+  InMemoryKVStore inner;
+  CompressedKVStore store(inner, CodecOptions{Codec::zstd});
+  const KVKey a{9, 1}, b{9, 2}, foreign{9, 3}, absent{9, 4};
+  store.put(a, kv_block(8, kvfuse::DType::f32, 1));
+  store.put(b, kv_block(3, kvfuse::DType::f16, 2));
+  inner.put(foreign, kv_block(4, kvfuse::DType::f32, 3));  // not written by a CompressedKVStore
+  const std::vector<KVKey> keys{a, foreign, absent, b, a};
+  CHECK(store.contains_many(keys) == std::vector<bool>{true, true, false, true, true});
+  const std::vector<std::optional<KVBlock>> got = store.get_many(keys);
+  REQUIRE(got.size() == keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CAPTURE(i);
+    const std::optional<KVBlock> one = store.get(keys[i]);
+    CHECK(got[i].has_value() == one.has_value());
+    if (one) CHECK(got[i]->bytes == one->bytes);
+  }
+  CHECK_FALSE(got[1].has_value());
+  CHECK(store.rejected() == 2);  // the foreign entry, by get_many and by get
+  CHECK(store.stats().gets == 6);
 }
 
 TEST_CASE("CompressedKVStore over DiskKVStore: compressed files, persistence across codecs, damage caught below") {

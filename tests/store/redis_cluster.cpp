@@ -1,6 +1,7 @@
 // RedisKVStore on a real three-master Redis Cluster: keys spread over the masters by slot (checked against the
-// servers' CLUSTER KEYSLOT and DBSIZE), round trips, MOVED after a slot is moved by hand (SETSLOT + MIGRATE), ASK
-// while a slot migrates, a killed master (its keys miss, the others hit) and no reachable seed.
+// servers' CLUSTER KEYSLOT and DBSIZE), round trips (get_many and contains_many over the three masters), MOVED after
+// a slot is moved by hand (SETSLOT + MIGRATE), ASK while a slot migrates, a killed master (its keys miss, the others
+// hit) and no reachable seed.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -109,10 +110,17 @@ TEST_CASE("RedisKVStore cluster: keys spread over the three masters; round trips
   REQUIRE(many.size() == 61);
   for (std::size_t i = 0; i < keys.size(); ++i) CHECK(same_block(many[i], blocks[i]));
   CHECK_FALSE(many[60].has_value());
+  const std::vector<bool> held = store.contains_many(wanted);  // one pipeline of EXISTS per master
+  REQUIRE(held.size() == 61);
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(held[i]);
+  CHECK_FALSE(held[60]);
   for (std::size_t i = 0; i < keys.size(); i += 11) {
     const std::optional<KVBlockInfo> info = store.describe(keys[i]);
     REQUIRE(info.has_value());
     CHECK(store.get_range(keys[i], *info, 100, 500) == slice(blocks[i], 100, 500));
+    std::vector<std::byte> out(500);
+    CHECK(store.get_into(keys[i], *info, 100, out));
+    CHECK(out == slice(blocks[i], 100, 500));
   }
   CHECK(store.contains(keys[5]));
   CHECK(store.erase(keys[5]));
@@ -190,6 +198,9 @@ TEST_CASE("RedisKVStore cluster: ASK during a slot migration, without changing t
   CHECK(same_block(many[1], moves));
   CHECK(same_block(many[2], fresh));
   CHECK(store.moved_redirects() == 0);  // ASK never changes the map: the source still serves keys[0]
+  const std::int64_t asks = store.ask_redirects();
+  CHECK(store.contains_many(keys) == std::vector<bool>{true, true, true});  // EXISTS follows ASK like GET
+  CHECK(store.ask_redirects() == asks + 2);
   CHECK(same_block(store.get(keys[0]), stays));
 
   // Finishing the migration turns the redirections into one MOVED.
@@ -235,18 +246,21 @@ TEST_CASE("RedisKVStore cluster: a killed master makes its keys misses while the
   }
   const std::vector<std::optional<KVBlock>> many = store.get_many(keys);
   for (std::size_t i = 0; i < keys.size(); ++i) CHECK(many[i].has_value() == (owners[i] != dead));
+  const std::vector<bool> held = store.contains_many(keys);
+  for (std::size_t i = 0; i < keys.size(); ++i) CHECK(held[i] == (owners[i] != dead));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   MESSAGE("reads with a master down took " << seconds << " s");
   CHECK(seconds < 3.0);
   CHECK(hits > 0);
   CHECK(misses > 0);
-  CHECK(store.unavailable() == 2 * misses);
+  CHECK(store.unavailable() == 3 * misses);  // get, get_many and contains_many of each key on the dead master
   CHECK(has(store.last_error(), cluster.node(dead).address()));
 
   std::size_t victim = 0;
   while (owners[victim] != dead) ++victim;
   const std::string message = kvfuse_test::error_of([&] { store.put(keys[victim], blocks[victim]); });
   CHECK(has(message, "cannot store"));
+  CHECK(kvfuse_test::code_of([&] { store.put(keys[victim], blocks[victim]); }) == kvfuse::Status::store_unavailable);
   CHECK(has(message, cluster.node(dead).address()));
   std::size_t alive = 0;
   while (owners[alive] == dead) ++alive;

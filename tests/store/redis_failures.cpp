@@ -1,6 +1,6 @@
 // RedisKVStore when the server fails: killed (reads miss at once, puts and erases throw, no reconnection before the
 // backoff expires, recovery after a restart), stopped with SIGSTOP past the command timeout (a bounded miss, recovery
-// after SIGCONT), and never started (connection refused).
+// after SIGCONT), and never started (connection refused); put and erase then throw Status::store_unavailable.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -157,4 +157,55 @@ TEST_CASE("RedisKVStore: no server at all: constructing works, reads miss, puts 
   CHECK(has(message, "Connection refused"));  // the backoff's message keeps the first failure's reason
   CHECK(seconds_since(t0) < 1.0);
   CHECK(store.unavailable() == 1);
+}
+
+TEST_CASE("RedisKVStore: put and erase throw Status::store_unavailable for a server killed, stopped or refusing; "
+          "batched reads miss") {
+  if (!kvfuse_test::redis_available()) {
+    kvfuse_test::skip("redis-server / redis-cli not on PATH");
+    return;
+  }
+  using kvfuse::Status;
+  using kvfuse_test::code_of;
+  const KVKey key{4, 4};
+  const KVBlock block = random_block(4, 1000);
+  const std::vector<KVKey> keys{key, KVKey{4, 5}};
+  const auto check_down = [&](RedisKVStore& store) {
+    CHECK(code_of([&] { store.put(key, block); }) == Status::store_unavailable);
+    CHECK(code_of([&] { (void)store.erase(key); }) == Status::store_unavailable);
+    const std::int64_t misses = store.unavailable();
+    CHECK(store.contains_many(keys) == std::vector<bool>{false, false});
+    const std::vector<std::optional<KVBlock>> got = store.get_many(keys);
+    CHECK((!got[0].has_value() && !got[1].has_value()));
+    CHECK(store.unavailable() == misses + 4);  // each key of each batch, as the single-key calls count
+  };
+  SUBCASE("killed") {
+    RedisServer server;
+    RedisOptions options = kvfuse::parse_redis_uri(server.uri());
+    options.reconnect_initial = milliseconds(100);
+    RedisKVStore store(options);
+    store.put(key, block);
+    server.kill();
+    check_down(store);
+  }
+  SUBCASE("stopped past the command timeout") {
+    RedisServer server;
+    RedisOptions options = kvfuse::parse_redis_uri(server.uri());
+    options.command_timeout = milliseconds(200);
+    RedisKVStore store(options);
+    store.put(key, block);
+    server.pause();
+    CHECK(code_of([&] { store.put(key, block); }) == Status::store_unavailable);
+    CHECK(has(store.last_error(), "no reply within the command timeout"));
+    check_down(store);
+    server.resume();
+  }
+  SUBCASE("refusing connections") {
+    RedisKVStore store(fmt::format("redis://127.0.0.1:{}", kvfuse_test::free_loopback_port(false)));
+    check_down(store);
+  }
+  SUBCASE("a bad block is a bad argument, whatever the server") {
+    RedisKVStore store(fmt::format("redis://127.0.0.1:{}", kvfuse_test::free_loopback_port(false)));
+    CHECK(code_of([&] { store.put(key, KVBlock{-1, {}, 0}); }) == Status::invalid_argument);
+  }
 }

@@ -107,8 +107,8 @@ RedisOptions options_for(const std::string& uri, milliseconds command_timeout = 
   return o;
 }
 
-// A RangedKVStore forwarding to `inner` that runs `fault` once, just before get_range call number `at` (0-based,
-// counted from arm()): on the pipeline's I/O thread, in the middle of a layer-pipelined load.
+// A RangedKVStore forwarding to `inner` that runs `fault` once, just before ranged read number `at` (get_into, which
+// get_range calls; 0-based, counted from arm()): on the pipeline's I/O thread, in the middle of a layer-pipelined load.
 template <RangedKVStore Inner>
 class FaultAt {
  public:
@@ -122,14 +122,24 @@ class FaultAt {
   [[nodiscard]] std::int64_t reads() const { return reads_.load(); }
 
   [[nodiscard]] bool contains(const KVKey& key) const { return inner_->contains(key); }
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    return inner_->contains_many(keys);
+  }
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) { return inner_->get(key); }
+  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
+    return inner_->get_many(keys);
+  }
   void put(const KVKey& key, KVBlock block) { inner_->put(key, std::move(block)); }
   bool erase(const KVKey& key) { return inner_->erase(key); }
   [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key) { return inner_->describe(key); }
+  [[nodiscard]] bool get_into(const KVKey& key, const KVBlockInfo& info, std::uint64_t offset,
+                              std::span<std::byte> out) {
+    if (reads_.fetch_add(1) == at_ && fault_) fault_();
+    return inner_->get_into(key, info, offset, out);
+  }
   [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
                                                                 std::uint64_t offset, std::uint64_t size) {
-    if (reads_.fetch_add(1) == at_ && fault_) fault_();
-    return inner_->get_range(key, info, offset, size);
+    return kvfuse::detail::get_range_by_get_into(*this, "FaultAt", key, info, offset, size);
   }
 
  private:

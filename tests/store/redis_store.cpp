@@ -1,6 +1,7 @@
-// RedisKVStore against a real redis-server: the stored value, round trips (get, get_many, describe + get_range),
-// rejection of foreign, other-model, garbage, truncated and damaged values, replacement between describe and
-// get_range, TTL expiry, maxmemory eviction and noeviction, URIs and key slots.
+// RedisKVStore against a real redis-server: the stored value, round trips (get, get_many and contains_many in one
+// round trip each, describe + get_range / get_into), rejection of foreign, other-model, garbage, truncated and
+// damaged values, replacement between describe and get_range, TTL expiry, maxmemory eviction and noeviction, URIs
+// and key slots.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -131,6 +132,84 @@ TEST_CASE("RedisKVStore: round trip, the stored value, get_many, describe + get_
   CHECK_FALSE(store.get(a).has_value());
   CHECK_FALSE(store.describe(a).has_value());
   CHECK_FALSE(store.get_range(a, *info, 0, 10).has_value());
+  CHECK(store.rejected() == 0);
+  CHECK(store.unavailable() == 0);
+}
+
+TEST_CASE("RedisKVStore: contains_many and get_many equal contains and get, each in one round trip") {
+  if (!kvfuse_test::redis_available()) {
+    kvfuse_test::skip("redis-server / redis-cli not on PATH");
+    return;
+  }
+  RedisServer server;
+  RedisKVStore store(options_for(server));
+  auto client = server.client();
+  // Read events the server has processed (INFO stats): one per round trip of a client, the INFO's own included.
+  const auto reads_processed = [&] {
+    const std::string info = client.text({"INFO", "stats"});
+    const std::string field = "total_reads_processed:";
+    const std::size_t at = info.find(field);
+    REQUIRE(at != std::string::npos);
+    return std::stoll(info.substr(at + field.size()));
+  };
+  std::vector<KVKey> keys;
+  std::vector<KVBlock> blocks;
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    keys.push_back(KVKey{0x2222, i});
+    blocks.push_back(random_block(i, 100 + 50 * i));
+    if (i % 3 != 0) store.put(keys.back(), blocks.back());  // every third key absent
+  }
+  keys.push_back(keys[1]);  // a repeat
+  blocks.push_back(blocks[1]);
+
+  long long before = reads_processed();
+  const std::vector<bool> held = store.contains_many(keys);
+  CHECK(reads_processed() - before <= 2);  // the pipeline and the INFO: not one per key
+  before = reads_processed();
+  const std::vector<std::optional<KVBlock>> got = store.get_many(keys);
+  CHECK(reads_processed() - before <= 2);
+  REQUIRE(held.size() == keys.size());
+  REQUIRE(got.size() == keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CAPTURE(i);
+    CHECK(held[i] == store.contains(keys[i]));
+    CHECK(held[i] == (i % 3 != 0 || i == 20));
+    CHECK(got[i].has_value() == held[i]);
+    if (held[i]) CHECK(same_block(got[i], blocks[i]));
+  }
+  CHECK(store.contains_many(std::vector<KVKey>{}).empty());
+  CHECK(store.get_many(std::vector<KVKey>{}).empty());
+  CHECK(store.unavailable() == 0);
+}
+
+TEST_CASE("RedisKVStore: get_into fills the caller's buffer with the bytes of get_range, and fails where it fails") {
+  if (!kvfuse_test::redis_available()) {
+    kvfuse_test::skip("redis-server / redis-cli not on PATH");
+    return;
+  }
+  RedisServer server;
+  RedisKVStore store(options_for(server));
+  const KVKey key{0x3333, 1};
+  const KVBlock block = random_block(9, 3 * page + 777);
+  store.put(key, block);
+  const std::optional<KVBlockInfo> info = store.describe(key);
+  REQUIRE(info.has_value());
+  const std::uint64_t n = block.bytes.size();
+  for (const auto& [offset, size] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+           {0, n}, {0, 1}, {page - 3, 6}, {page, 2 * page}, {n - 777, 777}, {n, 0}}) {
+    CAPTURE(offset);
+    CAPTURE(size);
+    std::vector<std::byte> out(static_cast<std::size_t>(size));
+    CHECK(store.get_into(key, *info, offset, out));
+    CHECK(out == slice(block, offset, size));
+    CHECK(store.get_range(key, *info, offset, size) == out);
+  }
+  std::vector<std::byte> out(10);
+  CHECK(kvfuse_test::code_of([&] { (void)store.get_into(key, *info, n - 5, out); }) ==
+        kvfuse::Status::invalid_argument);
+  store.put(key, random_block(10, 3 * page + 777));  // replaced: another version
+  CHECK_FALSE(store.get_into(key, *info, 0, out));
+  CHECK_FALSE(store.get_range(key, *info, 0, 10).has_value());
   CHECK(store.rejected() == 0);
   CHECK(store.unavailable() == 0);
 }

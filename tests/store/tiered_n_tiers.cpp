@@ -1,5 +1,5 @@
 // TieredKVStore over three tiers: promotion into every faster tier, ranged reads from the tier that holds the
-// entry, placement, the write policies (write-through, write-back with flush), failing tiers, names and costs.
+// entry, the tier of a put, the write policies (write-through, write-back with flush), failing tiers, names and costs.
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -93,7 +93,7 @@ TEST_CASE("three tiers: a get hits the first tier that has the key and promotes 
   CHECK_FALSE(tiered.erase(key));
 }
 
-TEST_CASE("write-through writes the placement tier and every slower one, synchronously") {
+TEST_CASE("write-through: a put with tier p writes tier p and every slower one, synchronously, never a faster one") {
   kvfuse_test::TempDir tmp;
   InMemoryKVStore memory;
   InMemoryKVStore second;
@@ -102,19 +102,21 @@ TEST_CASE("write-through writes the placement tier and every slower one, synchro
   CHECK(tiered.config().write == WritePolicy::write_through);
   tiered.put({1, 1}, block_of(1));
   CHECK((memory.contains({1, 1}) && second.contains({1, 1}) && disk.contains({1, 1})));
-  tiered.set_placement(1);
-  CHECK(tiered.placement() == 1);
-  tiered.put({1, 2}, block_of(2));
+  tiered.put({1, 2}, block_of(2), 1);
   CHECK_FALSE(memory.contains({1, 2}));
   CHECK((second.contains({1, 2}) && disk.contains({1, 2})));
-  tiered.set_placement(2);
-  tiered.put({1, 3}, block_of(3));
+  tiered.put({1, 3}, block_of(3), 2);
   CHECK((!memory.contains({1, 3}) && !second.contains({1, 3}) && disk.contains({1, 3})));
+  tiered.put({1, 4}, block_of(4));  // the tier is the put's, not the store's: a plain put is tier 0 again
+  CHECK((memory.contains({1, 4}) && second.contains({1, 4}) && disk.contains({1, 4})));
+  tiered.put({1, 5}, block_of(5), 0);
+  CHECK((memory.contains({1, 5}) && second.contains({1, 5}) && disk.contains({1, 5})));
   CHECK(tiered.pending_writes() == 0);
-  CHECK(contains_text(error_of([&] { tiered.set_placement(3); }), "set_placement: tier 3 of a 3-tier store"));
+  CHECK(contains_text(error_of([&] { tiered.put({1, 6}, block_of(6), 3); }), "put: tier 3 of a 3-tier store"));
+  CHECK_FALSE(tiered.contains({1, 6}));
 }
 
-TEST_CASE("write-back writes the placement tier; flush, or the destructor, writes the slower ones") {
+TEST_CASE("write-back writes the put's tier; flush, or the destructor, writes the slower ones") {
   kvfuse_test::TempDir tmp;
   InMemoryKVStore memory;
   InMemoryKVStore second;
@@ -145,21 +147,18 @@ TEST_CASE("write-back writes the placement tier; flush, or the destructor, write
     CHECK(tiered.flush() == 0);
     CHECK_FALSE(tiered.contains({2, 3}));
 
-    // Placement 1: the second tier now, the disk at flush; the memory tier never.
-    tiered.set_placement(1);
-    tiered.put({2, 4}, block_of(5));
+    // Tier 1: the second tier now, the disk at flush; the memory tier never.
+    tiered.put({2, 4}, block_of(5), 1);
     CHECK((!memory.contains({2, 4}) && second.contains({2, 4}) && !disk.contains({2, 4})));
     CHECK(tiered.flush() == 1);
     CHECK(disk.contains({2, 4}));
     CHECK_FALSE(memory.contains({2, 4}));
 
-    // The slowest tier as placement: nothing is left for later.
-    tiered.set_placement(2);
-    tiered.put({2, 5}, block_of(6));
+    // The slowest tier: nothing is left for later.
+    tiered.put({2, 5}, block_of(6), 2);
     CHECK(disk.contains({2, 5}));
     CHECK(tiered.pending_writes() == 0);
 
-    tiered.set_placement(0);
     tiered.put({2, 6}, block_of(7));
     CHECK(tiered.pending_writes() == 1);
   }
@@ -193,11 +192,10 @@ TEST_CASE("a failing tier is counted per tier and never fails the request") {
   CHECK(tiered.slow_put_failures() == 2);  // every tier but the first
   CHECK(tiered.last_slow_error() == tiered.last_put_error(1));
 
-  // Placement on the failing tier of a two-tier store: no tier that should hold it took it, so the faster one does.
+  // A put into the failing tier of a two-tier store: no tier that should hold it took it, so the faster one does.
   InMemoryKVStore memory2;
   TieredKVStore two(memory2, disk);
-  two.set_placement(1);
-  CHECK_NOTHROW(two.put({3, 3}, block_of(3)));
+  CHECK_NOTHROW(two.put({3, 3}, block_of(3), 1));
   CHECK(two.put_failures(1) == 1);
   CHECK(memory2.get({3, 3})->bytes == block_of(3).bytes);
 }

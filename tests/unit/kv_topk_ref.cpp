@@ -352,3 +352,153 @@ TEST_CASE("ref::kv_deviation refuses bad arguments, naming the value") {
   CHECK(kvfuse::ref::kv_deviation(a) == Status::invalid_argument);
   CHECK(message_has("null pointer"));
 }
+
+// ------------------------------------------------------------------------------ gradual filtering (hkvd_select)
+
+namespace {
+
+struct Selected {
+  Status status;
+  std::vector<std::int32_t> rows;
+};
+
+// `keep` of run_hkvd_select: the selector's keep count of the layer.
+constexpr std::int64_t selector_keep = std::numeric_limits<std::int64_t>::min();
+
+// ref::hkvd_select on S_l = `current`, with the mandatory rows of `selector`'s layout.
+Selected run_hkvd_select(const kvfuse::HKVDSelector& selector, int layer, const kvfuse::TokenSet& current,
+                         const std::vector<float>& scores, std::int64_t keep) {
+  const std::int64_t n = selector.num_tokens();
+  std::vector<std::uint8_t> mandatory(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) mandatory[static_cast<std::size_t>(t)] = selector.is_reusable(t) ? 0 : 1;
+  const std::vector<std::int32_t> rows(current.begin(), current.end());
+  std::vector<std::int32_t> next(current.size() + 1, -7);
+  std::int32_t count = -1;
+  kvfuse::HKVDSelectArgs a;
+  a.current = rows.data();
+  a.scores = scores.data();
+  a.mandatory = mandatory.data();
+  a.num_current = static_cast<std::int64_t>(rows.size());
+  a.num_rows = n;
+  a.keep = keep == selector_keep ? selector.keep_count(layer) : keep;
+  a.next = next.data();
+  a.num_next = &count;
+  Selected out{kvfuse::ref::hkvd_select(a), {}};
+  if (out.status == Status::success) {
+    CHECK(next[static_cast<std::size_t>(count)] == -7);  // nothing past the count
+    out.rows.assign(next.begin(), next.begin() + count);
+  }
+  return out;
+}
+
+std::vector<std::int32_t> rows_of(const kvfuse::TokenSet& s) { return {s.begin(), s.end()}; }
+
+}  // namespace
+
+TEST_CASE("hkvd_select by hand: the mandatory rows stay, the best candidates fill the keep count") {
+  // Chunks [0, 4) cached, [4, 6) uncached, [6, 10) cached; query [10, 12). Reusable: 8 rows; r = 0.25 with one
+  // check on layer 1: keep round(0.25 * 8) = 2.
+  kvfuse::PromptLayout layout = kvfuse::PromptLayout::from_lengths({4, 2, 4}, 2);
+  layout.chunks[1].cached = false;
+  kvfuse::HKVDConfig c;
+  c.recompute_ratio = 0.25;
+  c.check_layers = {1};
+  c.ratio_margins = {0.0};
+  const kvfuse::HKVDSelector selector(c, layout, 2);
+  REQUIRE(selector.keep_count(1) == 2);
+  const kvfuse::TokenSet all = selector.initial();
+  // Rows 0..11; the mandatory rows 4, 5, 10, 11 get scores that would win (they must not take a slot).
+  const std::vector<float> scores{1, 5, 2, 5, 99, 99, 0, 3, 4, 1, 99, -1};
+  // Candidates by score: 1 (5), 3 (5), 8 (4), 7 (3) ...: rows 1 and 3 (the tie at 5 keeps both).
+  const Selected s = run_hkvd_select(selector, 1, all, scores, selector_keep);
+  REQUIRE(s.status == Status::success);
+  CHECK(s.rows == std::vector<std::int32_t>{1, 3, 4, 5, 10, 11});
+  CHECK(s.rows == rows_of(selector.select(1, all, scores)));
+  // Three kept: row 8 (score 4) is the third.
+  CHECK(run_hkvd_select(selector, 1, all, scores, 3).rows == std::vector<std::int32_t>{1, 3, 4, 5, 8, 10, 11});
+  // keep 0: only the mandatory rows; keep above the candidates: S_l unchanged.
+  CHECK(run_hkvd_select(selector, 1, all, scores, 0).rows == std::vector<std::int32_t>{4, 5, 10, 11});
+  CHECK(run_hkvd_select(selector, 1, all, scores, 100).rows == rows_of(all));
+  // A NaN candidate ranks first; equal scores go to the lower row.
+  std::vector<float> with_nan = scores;
+  with_nan[9] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(run_hkvd_select(selector, 1, all, with_nan, selector_keep).rows ==
+        std::vector<std::int32_t>{1, 4, 5, 9, 10, 11});
+  CHECK(rows_of(selector.select(1, all, with_nan)) == std::vector<std::int32_t>{1, 4, 5, 9, 10, 11});
+}
+
+TEST_CASE("hkvd_select equals HKVDSelector::select over gradual filtering on random layouts and scores") {
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> uniform(0.0f, 10.0f);
+  std::uniform_int_distribution<int> three(0, 2);
+  std::uniform_int_distribution<std::int64_t> length(0, 300);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(1 + trial % 6));
+    for (auto& l : lengths) l = length(rng);
+    kvfuse::PromptLayout layout = kvfuse::PromptLayout::from_lengths(lengths, 1 + trial % 17);
+    for (std::size_t i = 1; i < layout.chunks.size(); i += 3) layout.chunks[i].cached = false;
+    kvfuse::HKVDConfig c;
+    c.recompute_ratio = (trial % 5) * 0.25;  // 0, 0.25, 0.5, 0.75, 1
+    const kvfuse::HKVDSelector selector(c, layout, 6);
+    kvfuse::TokenSet set = selector.initial();
+    for (int layer = 1; layer <= 3; ++layer) {
+      std::vector<float> scores(set.size());
+      for (std::size_t i = 0; i < set.size(); ++i) {
+        const int kind = trial % 4;
+        scores[i] = kind == 0   ? uniform(rng)
+                    : kind == 1 ? static_cast<float>(three(rng))
+                    : kind == 2 ? 2.0f
+                                : (three(rng) == 0 ? (three(rng) == 0 ? nan : three(rng) == 0 ? inf : -0.0f)
+                                                   : uniform(rng));
+        if (!selector.is_reusable(set[i]) && i % 2 == 0) scores[i] = -1.0f;  // ignored for mandatory rows
+      }
+      const kvfuse::TokenSet want = selector.select(layer, set, scores);
+      const Selected got = run_hkvd_select(selector, layer, set, scores, selector_keep);
+      CAPTURE(trial);
+      CAPTURE(layer);
+      REQUIRE(got.status == Status::success);
+      CHECK(got.rows == rows_of(want));
+      set = want;
+    }
+  }
+}
+
+TEST_CASE("hkvd_select refuses what HKVDSelector refuses, naming the value") {
+  const kvfuse::PromptLayout layout = kvfuse::PromptLayout::from_lengths({4}, 2);  // query rows 4, 5
+  kvfuse::HKVDConfig c;
+  c.check_layers = {1};
+  c.ratio_margins = {0.0};
+  const kvfuse::HKVDSelector selector(c, layout, 2);
+  const std::vector<float> ok{1, 2, 3, 4, 0, 0};
+  CHECK(run_hkvd_select(selector, 1, {0, 1, 2, 3, 4, 5}, ok, selector_keep).status == Status::success);
+  CHECK(run_hkvd_select(selector, 1, {0, 1, 2, 3, 4, 5}, {1, -2, 3, 4, 0, 0}, selector_keep).status ==
+        Status::invalid_argument);
+  CHECK(message_has("score -2 of row 1"));
+  CHECK(run_hkvd_select(selector, 1, {0, 2, 1, 3, 4, 5}, ok, selector_keep).status == Status::invalid_argument);
+  CHECK(message_has("current[2] = 1"));
+  CHECK(run_hkvd_select(selector, 1, {0, 1, 2, 3, 4}, ok, selector_keep).status == Status::invalid_argument);
+  CHECK(message_has("1 of the 2 mandatory rows"));
+  CHECK(run_hkvd_select(selector, 1, {0, 1, 2, 3, 4, 5}, ok, -4).status == Status::invalid_argument);
+  CHECK(message_has("keep -4"));
+
+  kvfuse::HKVDSelectArgs a;
+  std::int32_t count = 0;
+  a.num_next = &count;
+  a.num_current = 3;
+  a.num_rows = 2;
+  CHECK(kvfuse::ref::hkvd_select(a) == Status::invalid_argument);
+  CHECK(message_has("num_rows 2"));
+  a.num_rows = 3;
+  CHECK(kvfuse::ref::hkvd_select(a) == Status::invalid_argument);
+  CHECK(message_has("null pointer"));
+  a.num_next = nullptr;
+  CHECK(kvfuse::ref::hkvd_select(a) == Status::invalid_argument);
+  CHECK(message_has("num_next is null"));
+  a = {};
+  count = -1;
+  a.num_next = &count;
+  CHECK(kvfuse::ref::hkvd_select(a) == Status::success);  // empty S_l: empty S_{l+1}
+  CHECK(count == 0);
+}

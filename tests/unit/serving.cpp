@@ -288,9 +288,14 @@ TEST_CASE("serve: a stored entry evicted or corrupt mid-run is computed instead,
       DiskKVStore* inner;
       KVKey victim;
       bool contains(const KVKey& k) const { return inner->contains(k); }
+      std::vector<bool> contains_many(std::span<const KVKey> ks) const { return inner->contains_many(ks); }
       std::optional<KVBlock> get(const KVKey& k) {
         inner->erase(victim);
         return inner->get(k);
+      }
+      std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> ks) {
+        inner->erase(victim);
+        return inner->get_many(ks);
       }
       void put(const KVKey& k, KVBlock b) { inner->put(k, std::move(b)); }
       bool erase(const KVKey& k) { return inner->erase(k); }

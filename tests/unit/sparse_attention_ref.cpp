@@ -1,6 +1,7 @@
 // ref/sparse_attention.hpp: the CPU reference of sparse-query attention with an exact positional causal
 // mask, against an independent fp64 two-pass softmax written here, on every dtype, head_dim 64/128, GQA,
-// packed and strided layouts; the mask's exactness, the chunk-mass epilogue and the validation messages;
+// packed and strided layouts; the mask's exactness, the chunk-, self- and query-mass epilogues (also by hand)
+// and the validation messages;
 // and the whole-row form of the same softmax that the CPU backend runs (detail::attention_softmax_row).
 #include <doctest/doctest.h>
 
@@ -135,15 +136,17 @@ struct Expected {
   std::vector<double> o;     // [S][Hq][d]
   std::vector<double> lse;   // [S][Hq]
   std::vector<double> mass;  // [S][C]
+  std::vector<double> prob;  // [S][Hq][N] softmax weights, when asked for
 };
 
-Expected oracle(const Problem& p) {
+Expected oracle(const Problem& p, bool keep_prob = false) {
   const double scale = p.scale != 0.0f ? static_cast<double>(p.scale) : 1.0 / std::sqrt(static_cast<double>(p.d));
   const std::int64_t c_count = p.chunks();
   Expected e;
   e.o.assign(static_cast<std::size_t>(p.s() * p.hq * p.d), 0.0);
   e.lse.assign(static_cast<std::size_t>(p.s() * p.hq), -kInf);
   e.mass.assign(static_cast<std::size_t>(p.s() * c_count), 0.0);
+  if (keep_prob) e.prob.assign(static_cast<std::size_t>(p.s() * p.hq * p.n()), 0.0);
   std::vector<double> w(static_cast<std::size_t>(p.n()));
   for (std::int64_t i = 0; i < p.s(); ++i) {
     for (std::int64_t h = 0; h < p.hq; ++h) {
@@ -167,6 +170,7 @@ Expected oracle(const Problem& p) {
       e.lse[static_cast<std::size_t>(i * p.hq + h)] = lse;
       for (std::int64_t j = 0; j < p.n(); ++j) {
         const double prob = std::exp(w[static_cast<std::size_t>(j)] - lse);
+        if (keep_prob) e.prob[static_cast<std::size_t>((i * p.hq + h) * p.n() + j)] = prob;
         for (std::int64_t x = 0; x < p.d; ++x)
           e.o[static_cast<std::size_t>((i * p.hq + h) * p.d + x)] += prob * static_cast<double>(p.v.get(j, g, x));
         for (std::int64_t c = 0; c < c_count; ++c)
@@ -403,6 +407,108 @@ TEST_CASE("chunk mass: sums to Hq over covering chunks and matches an independen
   }
 }
 
+TEST_CASE("self and query mass by hand: equal scores give uniform weights over the visible keys") {
+  // Q = 0: every visible key gets weight 1 / (number visible). Keys at positions 0..5; queries are rows 1, 3, 5.
+  Problem p(DType::f32, 2, 1, 64, Layout::nhd, {1, 3, 5}, {0, 1, 2, 3, 4, 5});
+  for (std::int64_t i = 0; i < p.s(); ++i)
+    for (std::int64_t h = 0; h < p.hq; ++h)
+      for (std::int64_t e = 0; e < p.d; ++e) p.q.set(i, h, e, 0.0f);
+  std::mt19937 rng(5);
+  p.k.fill_random(rng, -1.0f, 1.0f);
+  p.v.fill_random(rng, -1.0f, 1.0f);
+  const std::vector<std::int32_t> self_rows = {1, 3, 5};
+  std::vector<float> self(3, std::nanf("")), query(6, std::nanf(""));
+  auto a = p.args();
+  a.self_rows = self_rows.data();
+  a.self_mass = self.data();
+  a.query_begin = 1;  // the query rows: the entries at positions 3 and 5
+  a.query_end = 3;
+  a.query_mass = query.data();
+  REQUIRE(kvfuse::ref::sparse_attention(a) == Status::success);
+  // Hq = 2 heads of 1 / (pos + 1) each on the own row.
+  CHECK(self[0] == doctest::Approx(2.0 / 2));
+  CHECK(self[1] == doctest::Approx(2.0 / 4));
+  CHECK(self[2] == doctest::Approx(2.0 / 6));
+  // Keys 0..3 are seen by both query rows (1/4 + 1/6 per head), keys 4 and 5 by the row at 5 only.
+  for (int j = 0; j < 6; ++j) {
+    CAPTURE(j);
+    CHECK(query[static_cast<std::size_t>(j)] == doctest::Approx(j <= 3 ? 2 * (1.0 / 4 + 1.0 / 6) : 2.0 / 6));
+  }
+  // An empty query range: every key 0. No query at all: the same.
+  a.query_begin = a.query_end = 2;
+  REQUIRE(kvfuse::ref::sparse_attention(a) == Status::success);
+  CHECK(std::all_of(query.begin(), query.end(), [](float x) { return x == 0.0f; }));
+}
+
+TEST_CASE("self and query mass match an fp64 computation and the CPU engine's per-row softmax") {
+  std::mt19937 rng(23);
+  std::vector<std::int32_t> qp, kp;
+  random_positions(rng, 120, 20, 3, qp, kp);
+  Problem p(DType::bf16, 6, 2, 64, Layout::strided, qp, kp);
+  p.q.fill_random(rng, -1.5f, 1.5f);
+  p.k.fill_random(rng, -1.5f, 1.5f);
+  p.v.fill_random(rng, -1.0f, 1.0f);
+  // Own row: the key at the query's position; the two queries outside the keys get rows 0 and 119.
+  std::vector<std::int32_t> self_rows(qp.size());
+  for (std::size_t i = 0; i < qp.size(); ++i) {
+    const auto at = std::lower_bound(kp.begin(), kp.end(), qp[i]);
+    self_rows[i] = at != kp.end() && *at == qp[i] ? static_cast<std::int32_t>(at - kp.begin()) : (i == 0 ? 0 : 119);
+  }
+  std::vector<float> self(qp.size(), std::nanf("")), query(kp.size(), std::nanf(""));
+  auto a = p.args();
+  a.self_rows = self_rows.data();
+  a.self_mass = self.data();
+  a.query_begin = 14;  // the last 6 entries, the one that sees every key included
+  a.query_end = 20;
+  a.query_mass = query.data();
+  REQUIRE(kvfuse::ref::sparse_attention(a) == Status::success);
+  const Expected e = oracle(p, true);
+  const auto prob = [&](std::int64_t i, std::int64_t h, std::int64_t j) {
+    return e.prob[static_cast<std::size_t>((i * p.hq + h) * p.n() + j)];
+  };
+  // The CPU engine (backend/cpu/llama.hpp, attention()): per query row and head, the base-2 scores of every
+  // key, masked, through detail::attention_softmax_row; head_self takes the own row's weight, head_query adds
+  // the query rows' weights per key; both summed over the heads.
+  const float factor = kvfuse::detail::attention_score_factor(static_cast<float>(1.0 / std::sqrt(64.0)));
+  std::vector<double> engine_self(qp.size(), 0.0), engine_query(kp.size(), 0.0);
+  std::vector<float> w(kp.size());
+  for (std::int64_t i = 0; i < p.s(); ++i) {
+    for (std::int64_t h = 0; h < p.hq; ++h) {
+      for (std::int64_t j = 0; j < p.n(); ++j) {
+        float dot = 0.0f;
+        for (std::int64_t x = 0; x < p.d; ++x) dot += p.q.get(i, h, x) * p.k.get(j, h / 3, x);
+        w[static_cast<std::size_t>(j)] =
+            kvfuse::detail::attention_visible(kp[static_cast<std::size_t>(j)], qp[static_cast<std::size_t>(i)])
+                ? dot * factor
+                : kvfuse::detail::attention_neg_inf();
+      }
+      kvfuse::detail::attention_softmax_row(w.data(), p.n());
+      engine_self[static_cast<std::size_t>(i)] += w[static_cast<std::size_t>(self_rows[static_cast<std::size_t>(i)])];
+      if (i >= 14)
+        for (std::size_t j = 0; j < w.size(); ++j) engine_query[j] += w[j];
+    }
+  }
+  for (std::int64_t i = 0; i < p.s(); ++i) {
+    CAPTURE(i);
+    double want = 0;
+    for (std::int64_t h = 0; h < p.hq; ++h) want += prob(i, h, self_rows[static_cast<std::size_t>(i)]);
+    CHECK(std::fabs(self[static_cast<std::size_t>(i)] - want) <= 1e-4);
+    CHECK(std::fabs(self[static_cast<std::size_t>(i)] - engine_self[static_cast<std::size_t>(i)]) <= 1e-5);
+  }
+  CHECK(self[0] == 0.0f);  // the query before every key sees none
+  double total = 0;
+  for (std::int64_t j = 0; j < p.n(); ++j) {
+    CAPTURE(j);
+    double want = 0;
+    for (std::int64_t i = 14; i < 20; ++i)
+      for (std::int64_t h = 0; h < p.hq; ++h) want += prob(i, h, j);
+    CHECK(std::fabs(query[static_cast<std::size_t>(j)] - want) <= 1e-4);
+    CHECK(std::fabs(query[static_cast<std::size_t>(j)] - engine_query[static_cast<std::size_t>(j)]) <= 1e-5);
+    total += query[static_cast<std::size_t>(j)];
+  }
+  CHECK(total == doctest::Approx(6.0 * p.hq).epsilon(1e-5));  // each query row's weights sum to 1 per head
+}
+
 TEST_CASE("sparse_attention validation refuses bad arguments and names the value") {
   const std::vector<std::int32_t> kp = {0, 1, 2, 3};
   const std::vector<std::int32_t> qp = {1, 3};
@@ -485,6 +591,40 @@ TEST_CASE("sparse_attention validation refuses bad arguments and names the value
     a.workspace_bytes = -16;
     refused(a, "workspace_bytes -16");
   }
+}
+
+TEST_CASE("self- and query-mass arguments are refused, naming the value") {
+  const std::vector<std::int32_t> kp = {0, 1, 2, 3};
+  const std::vector<std::int32_t> qp = {1, 3};
+  Problem p(DType::bf16, 4, 2, 64, Layout::nhd, qp, kp);
+  std::vector<float> self(2), query(4);
+  std::vector<std::int32_t> rows = {1, 4};
+  const auto refused = [](SparseAttentionArgs a, const char* needle) {
+    CAPTURE(needle);
+    CHECK(kvfuse::ref::sparse_attention(a) == Status::invalid_argument);
+    const std::string message = kvfuse::last_status_message();
+    CAPTURE(message);
+    CHECK(message.find(needle) != std::string::npos);
+  };
+  auto a = p.args();
+  a.self_mass = self.data();
+  refused(a, "self_rows is null");
+  a.self_rows = rows.data();
+  refused(a, "self_rows[1] = 4");
+  rows[1] = 3;
+  CHECK(kvfuse::ref::sparse_attention(a) == Status::success);
+  a.query_mass = query.data();
+  a.query_begin = 1;
+  a.query_end = 3;
+  refused(a, "query rows [1, 3)");
+  a.query_begin = 2;
+  a.query_end = 1;
+  refused(a, "query rows [2, 1)");
+  a.query_begin = -1;
+  refused(a, "query rows [-1, 1)");
+  a.query_begin = 0;
+  a.query_end = 2;
+  CHECK(kvfuse::ref::sparse_attention(a) == Status::success);
 }
 
 TEST_CASE("attention_softmax_row (the CPU backend's softmax): fp64 two-pass softmax, masked keys exactly 0") {

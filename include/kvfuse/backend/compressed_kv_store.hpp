@@ -185,27 +185,18 @@ class CompressedKVStore {
 
   // Whether the inner store holds the key; the entry is not decoded (get() may still reject it).
   [[nodiscard]] bool contains(const KVKey& key) const { return inner_->contains(key); }
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    return inner_->contains_many(keys);
+  }
 
   // The decoded block, or nullopt when the inner store has none or the entry is rejected (see the header comment).
-  [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
-    std::optional<KVBlock> stored = inner_->get(key);
-    if (!stored) return std::nullopt;
-    const auto start = std::chrono::steady_clock::now();
-    KVBlock block{stored->num_tokens, {}, stored->first_position};
-    if (std::string why = decode(stored->bytes, options_.max_raw_bytes, block.bytes); !why.empty()) {
-      std::lock_guard lock(mutex_);
-      ++rejected_;
-      last_rejection_ = fmt::format("CompressedKVStore: rejected entry {:016x}-{:016x} ({} bytes): {}", key.model,
-                                    key.content, stored->bytes.size(), why);
-      return std::nullopt;
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::lock_guard lock(mutex_);
-    ++stats_.gets;
-    stats_.stored_bytes_got += static_cast<std::int64_t>(stored->bytes.size());
-    stats_.raw_bytes_got += static_cast<std::int64_t>(block.bytes.size());
-    stats_.decompress_s += seconds;
-    return block;
+  [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) { return decoded(key, inner_->get(key)); }
+
+  // get of each key, the entries read with one get_many of the inner store: result i belongs to keys[i].
+  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
+    std::vector<std::optional<KVBlock>> out = inner_->get_many(keys);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = decoded(keys[i], out[i]);
+    return out;
   }
 
   // Compresses the payload with options().codec and puts the entry into the inner store.
@@ -239,6 +230,27 @@ class CompressedKVStore {
   }
 
  private:
+  // The block an inner entry of `key` decodes to, or nullopt when there is none or it is rejected (counted).
+  [[nodiscard]] std::optional<KVBlock> decoded(const KVKey& key, const std::optional<KVBlock>& stored) {
+    if (!stored) return std::nullopt;
+    const auto start = std::chrono::steady_clock::now();
+    KVBlock block{stored->num_tokens, {}, stored->first_position};
+    if (std::string why = decode(stored->bytes, options_.max_raw_bytes, block.bytes); !why.empty()) {
+      std::lock_guard lock(mutex_);
+      ++rejected_;
+      last_rejection_ = fmt::format("CompressedKVStore: rejected entry {:016x}-{:016x} ({} bytes): {}", key.model,
+                                    key.content, stored->bytes.size(), why);
+      return std::nullopt;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard lock(mutex_);
+    ++stats_.gets;
+    stats_.stored_bytes_got += static_cast<std::int64_t>(stored->bytes.size());
+    stats_.raw_bytes_got += static_cast<std::int64_t>(block.bytes.size());
+    stats_.decompress_s += seconds;
+    return block;
+  }
+
   template <class T>
   static void store_at(std::vector<std::byte>& out, std::size_t offset, T value) noexcept {
     std::memcpy(out.data() + offset, &value, sizeof(T));

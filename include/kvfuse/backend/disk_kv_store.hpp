@@ -7,12 +7,13 @@
 //
 // Each file is one stored entry in kvfuse's entry format (backend/kv_entry.hpp: magic, version, model, key, token
 // count, first position, payload size, XXH3 checksums of the header and of each 64 KiB payload page), the format
-// RedisKVStore stores too. Ranged reads (RangedKVStore: get_range) read the header, the page table and only the
-// pages a byte range touches, as the layer-pipelined loader reads one layer of a block.
+// RedisKVStore stores too. Ranged reads (RangedKVStore: get_into, get_range) read the header, the page table and only
+// the pages a byte range touches, as the layer-pipelined loader reads one layer of a block.
 //
 // put() writes a temp file in the same directory ("<name>.<pid>-<n>.tmp") and renames it over the entry, so a
 // reader sees the old file or the new one, never a half-written one; failures throw kvfuse::error naming the
-// file and remove the temp file. There is no fsync: after a crash an entry may be missing or, on file systems
+// file (code() Status::store_unavailable for an I/O failure: directory gone, disk full, EIO, permissions) and
+// remove the temp file. There is no fsync: after a crash an entry may be missing or, on file systems
 // that reorder data and metadata, damaged — get() detects that. Temp files of writers that died mid-put are never
 // read; the constructor sweeps them (sweep_temp_files): a temp file whose writer process is gone, or older than
 // DiskKVStoreOptions::temp_max_age, is removed. (Writer processes are checked by pid: on a directory shared across
@@ -22,7 +23,7 @@
 // match the file size, a bad checksum, or a header naming another key (a "foreign" file copied under this
 // key's name) is rejected: get() returns nullopt, the file is renamed to "<name>.rejected" (replacing an
 // older one) for inspection, and rejected() / last_rejection() count and explain it. An I/O error while
-// reading an existing file is a rejection too, not an exception.
+// reading an existing file is a rejection too, not an exception: no read throws for a damaged entry.
 //
 // Thread safety: every call may run concurrently with any other, on the same key or not, from any number of
 // threads, instances and processes on the same directory: writes are atomic renames, reads check what they read.
@@ -33,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -96,8 +98,8 @@ struct DiskKVStoreOptions {
 
 class DiskKVStore {
  public:
-  // Creates `dir` (and its parents) when missing; throws kvfuse::error naming `dir` when it cannot, or when
-  // it exists and is not a directory. Then sweeps the temp files of dead writers (sweep_temp_files).
+  // Creates `dir` (and its parents) when missing; throws kvfuse::error naming `dir` when it cannot
+  // (Status::store_unavailable), or when it exists and is not a directory (Status::invalid_argument). Then sweeps the temp files of dead writers (sweep_temp_files).
   explicit DiskKVStore(std::filesystem::path dir, DiskKVStoreOptions options = {})
       : dir_(std::move(dir)), options_(options) {
     detail::require(options_.temp_max_age.count() >= 0, "DiskKVStoreOptions: temp_max_age = {} s must be >= 0",
@@ -105,7 +107,11 @@ class DiskKVStore {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec || !std::filesystem::is_directory(dir_)) {
-      throw error(fmt::format("DiskKVStore: cannot use '{}' as a store directory: {}", dir_.string(),
+      // A path that names a file is the caller's mistake; a directory that cannot be made is the disk failing.
+      std::error_code file_ec;
+      const bool names_file = std::filesystem::exists(dir_, file_ec) && !std::filesystem::is_directory(dir_, file_ec);
+      throw error(names_file ? Status::invalid_argument : Status::store_unavailable,
+                  fmt::format("DiskKVStore: cannot use '{}' as a store directory: {}", dir_.string(),
                               ec ? ec.message() : std::string("exists and is not a directory")));
     }
     (void)sweep_temp_files();
@@ -155,6 +161,21 @@ class DiskKVStore {
     return std::filesystem::exists(path_for(key), ec);
   }
 
+  // contains of each key, one file at a time: result i belongs to keys[i].
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    std::vector<bool> out(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) out[i] = contains(keys[i]);
+    return out;
+  }
+
+  // get of each key, one file at a time: result i belongs to keys[i].
+  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
+    std::vector<std::optional<KVBlock>> out;
+    out.reserve(keys.size());
+    for (const KVKey& key : keys) out.push_back(get(key));
+    return out;
+  }
+
   // The block, or nullopt when the file is absent or rejected (see the header comment).
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
     std::optional<KVBlock> out;
@@ -180,31 +201,32 @@ class DiskKVStore {
     return out;
   }
 
-  // RangedKVStore: payload bytes [offset, offset + size) of the entry `info` described. Reads the header, the
-  // page table and the pages the range touches, and checks them; nullopt when the file is absent, was replaced
-  // since describe() (another version: not a rejection), or fails a check (rejected as get() would).
-  [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
-                                                                std::uint64_t offset, std::uint64_t size) {
-    detail::require(offset <= info.bytes && size <= info.bytes - offset,
-                    "DiskKVStore::get_range: bytes [{}, {}) of a {}-byte entry", offset, offset + size, info.bytes);
-    std::optional<std::vector<std::byte>> out;
+  // RangedKVStore: payload bytes [offset, offset + out.size()) of the entry `info` described, read into `out`. Reads
+  // the header, the page table and the pages the range touches, and checks them: the pages the range covers whole are
+  // read straight into `out`, the (at most two) it covers in part through a page-sized buffer. False when the file is
+  // absent, was replaced since describe() (another version: not a rejection), or fails a check (rejected as get()
+  // would).
+  [[nodiscard]] bool get_into(const KVKey& key, const KVBlockInfo& info, std::uint64_t offset,
+                              std::span<std::byte> out) {
+    detail::require_in_entry("DiskKVStore", "get_into", info, offset, out.size());
+    bool read = false;
     const bool same = with_entry(key, [&](int fd, const KVEntryLayout& e) -> std::string {
       if (e.info.version != info.version || e.info.bytes != info.bytes) return {};  // replaced since describe()
-      const KVEntryPageSpan pages = kv_entry_page_span(e, offset, size);
-      std::vector<std::byte> bytes(static_cast<std::size_t>(pages.end - pages.begin));
-      if (std::string why = detail::pread_exact(fd, bytes, e.payload_offset + pages.begin); !why.empty()) return why;
-      if (std::string why = check_kv_entry_pages(e, pages.first_page, bytes); !why.empty()) return why;
-      const auto skip = static_cast<std::ptrdiff_t>(offset - pages.begin);
-      out.emplace(bytes.begin() + skip, bytes.begin() + skip + static_cast<std::ptrdiff_t>(size));
-      return {};
+      std::string why = read_payload(fd, e, offset, out);
+      read = why.empty();
+      return why;
     });
-    if (!same) return std::nullopt;
-    return out;
+    return same && read;
+  }
+  [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
+                                                                std::uint64_t offset, std::uint64_t size) {
+    return detail::get_range_by_get_into(*this, "DiskKVStore", key, info, offset, size);
   }
 
   // Writes the block atomically (temp file + rename), replacing any entry of the key. Throws kvfuse::error
-  // naming the file and the reason (num_tokens < 0, directory gone, disk full, permissions); the old entry,
-  // if any, is then untouched and no temp file is left.
+  // naming the file and the reason: num_tokens < 0 (Status::invalid_argument); directory gone, disk full, I/O
+  // error, permissions (Status::store_unavailable). The old entry, if any, is then untouched and no temp file is
+  // left.
   void put(const KVKey& key, KVBlock block) {
     const std::filesystem::path path = path_for(key);
     detail::require(block.num_tokens >= 0, "DiskKVStore: cannot store '{}': num_tokens = {} must be >= 0",
@@ -217,7 +239,8 @@ class DiskKVStore {
       std::error_code ec;
       std::filesystem::rename(temp, path, ec);
       if (ec) {
-        throw error(fmt::format("DiskKVStore: cannot store '{}': rename from '{}' failed: {}", path.string(),
+        throw error(Status::store_unavailable,
+                    fmt::format("DiskKVStore: cannot store '{}': rename from '{}' failed: {}", path.string(),
                                 temp.string(), ec.message()));
       }
     } catch (...) {
@@ -227,13 +250,16 @@ class DiskKVStore {
     }
   }
 
-  // Removes the key's file; returns whether it existed. Throws kvfuse::error when it exists but cannot be
-  // removed.
+  // Removes the key's file; returns whether it existed. Throws kvfuse::error (Status::store_unavailable) when it
+  // exists but cannot be removed.
   bool erase(const KVKey& key) {
     const std::filesystem::path path = path_for(key);
     std::error_code ec;
     const bool removed = std::filesystem::remove(path, ec);
-    if (ec) throw error(fmt::format("DiskKVStore: cannot erase '{}': {}", path.string(), ec.message()));
+    if (ec) {
+      throw error(Status::store_unavailable,
+                  fmt::format("DiskKVStore: cannot erase '{}': {}", path.string(), ec.message()));
+    }
     return removed;
   }
 
@@ -254,7 +280,8 @@ class DiskKVStore {
     errno = 0;
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     if (!out.is_open()) {
-      throw error(fmt::format("DiskKVStore: cannot store '{}': cannot create temp file '{}': {}", path.string(),
+      throw error(Status::store_unavailable,
+                  fmt::format("DiskKVStore: cannot store '{}': cannot create temp file '{}': {}", path.string(),
                               temp.string(), errno_reason()));
     }
     out.write(reinterpret_cast<const char*>(prefix.data()), static_cast<std::streamsize>(prefix.size()));
@@ -264,10 +291,38 @@ class DiskKVStore {
     out.flush();
     if (out.good()) out.close();
     if (!out.good()) {
-      throw error(fmt::format("DiskKVStore: cannot store '{}': writing temp file '{}' ({} bytes) failed: {}",
+      throw error(Status::store_unavailable,
+                  fmt::format("DiskKVStore: cannot store '{}': writing temp file '{}' ({} bytes) failed: {}",
                               path.string(), temp.string(),
                               prefix.size() + block.bytes.size(), errno_reason()));
     }
+  }
+
+  // Reads payload bytes [offset, offset + out.size()) of the open entry `e` into `out`, checking every page they
+  // touch against the page table: the whole pages inside the range straight into `out`, a page the range covers in
+  // part (its first and its last) into a buffer of its own, of which the range's part is copied. "" or why it failed.
+  [[nodiscard]] static std::string read_payload(int fd, const KVEntryLayout& e, std::uint64_t offset,
+                                                std::span<std::byte> out) {
+    const std::uint64_t page = e.page_bytes;
+    const std::uint64_t end = offset + out.size();
+    // The whole pages inside the range: [whole_begin, whole_end) (the entry's last page is whole up to its end).
+    const std::uint64_t whole_begin = std::min((offset + page - 1) / page * page, end);
+    const std::uint64_t whole_end = std::max(whole_begin, end == e.info.bytes ? end : end / page * page);
+    if (whole_end > whole_begin) {
+      const std::span<std::byte> dst = out.subspan(whole_begin - offset, whole_end - whole_begin);
+      if (std::string why = detail::pread_exact(fd, dst, e.payload_offset + whole_begin); !why.empty()) return why;
+      if (std::string why = check_kv_entry_pages(e, whole_begin / page, dst); !why.empty()) return why;
+    }
+    std::vector<std::byte> part;
+    for (const auto& [from, to] : {std::pair{offset, whole_begin}, std::pair{whole_end, end}}) {
+      if (from == to) continue;
+      const std::uint64_t page_begin = from / page * page;
+      part.resize(static_cast<std::size_t>(std::min(page, e.info.bytes - page_begin)));
+      if (std::string why = detail::pread_exact(fd, part, e.payload_offset + page_begin); !why.empty()) return why;
+      if (std::string why = check_kv_entry_pages(e, from / page, part); !why.empty()) return why;
+      std::memcpy(out.data() + (from - offset), part.data() + (from - page_begin), static_cast<std::size_t>(to - from));
+    }
+    return {};
   }
 
   // The writer pid of a temp file name "<16 hex>-<16 hex>.kvb.<pid>-<n>.tmp", or nullopt for any other name.

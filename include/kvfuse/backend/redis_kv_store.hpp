@@ -10,12 +10,13 @@
 // `PX ttl` when RedisOptions::ttl is set.
 //   get       GET, then every check of kv_entry.hpp (key, model, size, header checksum, each page).
 //   get_many  one pipeline of GETs per node: one round trip per node for a multi-chunk get.
+//   contains / contains_many  EXISTS; contains_many one pipeline of EXISTS per node, like get_many.
 //   describe  one MULTI/EXEC: EXISTS, STRLEN and GETRANGE of the first 16 KiB (header and page table of entries up
 //             to about 130 MB; a larger table costs a second transaction). No payload byte is read.
-//   get_range one MULTI/EXEC: EXISTS, STRLEN, GETRANGE of the header and page table, GETRANGE of the pages the range
-//             touches. The transaction makes the header and the pages one snapshot, so an entry replaced since
-//             describe() is seen as another version (nullopt) and a replacement racing the read is never mistaken
-//             for damage.
+//   get_into  one MULTI/EXEC: EXISTS, STRLEN, GETRANGE of the header and page table, GETRANGE of the pages the range
+//             touches, copied from the reply into the caller's buffer (get_range: get_into a buffer of its own). The
+//             transaction makes the header and the pages one snapshot, so an entry replaced since describe() is seen
+//             as another version (a miss) and a replacement racing the read is never mistaken for damage.
 // A value that fails a check (a foreign key's entry copied under this key, another model, another format version,
 // truncated, garbage, a flipped byte, not a string) is rejected: the read returns nullopt and rejected() /
 // last_rejection() count and explain it. Rejected values are left in place, not deleted: the store is shared, a
@@ -25,11 +26,14 @@
 //
 // Failures: the server down, refusing connections, not answering within command_timeout (each reply wait is bounded
 // by it; connecting by connect_timeout) or replying with an error (LOADING, CLUSTERDOWN, ...):
-//   reads (get, get_many, describe, get_range, contains) return a miss, count it (unavailable(), last_error()) and
-//     never throw;
+//   reads (get, get_many, describe, get_into, get_range, contains, contains_many) return a miss, count it
+//     (unavailable(), last_error()) and never throw;
 //   put and erase throw kvfuse::error naming the key, the node and the reason (an OOM reply of a server at maxmemory
-//     with noeviction included); TieredKVStore keeps the block in its fast tier when the put fails. erase throws
-//     rather than return false: false says the key was not there, which a failed DEL does not know.
+//     with noeviction included), code() Status::store_unavailable; TieredKVStore keeps the block in its fast tier
+//     when the put fails. erase throws rather than return false: false says the key was not there, which a failed
+//     DEL does not know.
+// Values that fail their checks are never thrown about (they are rejected: misses); bad options and arguments throw
+// Status::invalid_argument.
 // A failure drops every connection to that node; reconnection is lazy, with exponential backoff from
 // reconnect_initial to reconnect_max: until the backoff expires, calls for that node fail at once without
 // touching the network (reads miss, puts throw). The first reply after a reconnection resets the backoff.
@@ -39,8 +43,8 @@
 // MOVED reply or a node failure. A key's slot is CRC16-XMODEM of the key (or of its {hash tag}) mod 16384; each
 // master has its own connections. MOVED updates the map and retries on the new owner; ASK sends ASKING and the
 // command to the importing node without changing the map; at most max_redirects redirections per call. A node that
-// is down makes its keys misses (puts to them throw) while the other nodes serve theirs. get_many groups keys by
-// node. Only masters are read (no replica reads).
+// is down makes its keys misses (puts to them throw) while the other nodes serve theirs. get_many and contains_many
+// group keys by node. Only masters are read (no replica reads).
 //
 // Thread safety: every public call is safe from any number of threads. Each node has a pool of
 // connections_per_node connections, each with its own mutex, held for one round trip: up to that many requests per
@@ -48,8 +52,8 @@
 // counters and statistics have their own mutex. SIGPIPE from a write to a dead server is blocked in the writing
 // thread and discarded, so the process's SIGPIPE disposition does not matter.
 //
-// Reads are measured like the other stores' (read_stats(): get, get_many, describe and get_range calls, payload
-// bytes returned, wall time).
+// Reads are measured like the other stores' (read_stats(): get, get_many, describe and get_into (get_range) calls,
+// payload bytes returned, wall time).
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -63,6 +67,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -626,11 +631,22 @@ class RedisKVStore {
     const std::string name = key_name(key);
     const std::vector<detail::RedisCommand> commands{{"EXISTS", name}};
     detail::RedisRouted routed = router_.run(name, commands);
-    if (routed.error.empty() && routed.replies.front()->type == REDIS_REPLY_INTEGER) {
-      return routed.replies.front()->integer > 0;
+    if (!routed.error.empty()) {
+      miss("contains", name, routed.node, routed.error);
+      return false;
     }
-    miss("contains", name, routed.node, routed.error.empty() ? reply_problem(*routed.replies.front()) : routed.error);
-    return false;
+    return exists_of(name, routed.node, *routed.replies.front());
+  }
+
+  // contains() of each key, with one pipeline of EXISTS per node (one round trip per node); result i belongs to
+  // keys[i].
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    std::vector<bool> out(keys.size(), false);
+    const std::vector<std::string> names = key_names(keys);
+    per_node("contains", "EXISTS", names, [&](std::size_t i, const std::string& node, const redisReply& r) {
+      out[i] = exists_of(names[i], node, r);
+    });
+    return out;
   }
 
   // The block, or nullopt when absent, rejected or unreachable (see the header comment).
@@ -644,44 +660,14 @@ class RedisKVStore {
     });
   }
 
-  // get() of each key, with one pipelined round trip per node; result i belongs to keys[i].
+  // get() of each key, with one pipeline of GETs per node (one round trip per node); result i belongs to keys[i].
   [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
     return timed([&] {
       std::vector<std::optional<KVBlock>> out(keys.size());
-      std::vector<std::string> names;
-      names.reserve(keys.size());
-      std::map<detail::RedisNode*, std::vector<std::size_t>> by_node;
-      const std::uint64_t epoch = router_.epoch();
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        names.push_back(key_name(keys[i]));
-        std::string why;
-        if (detail::RedisNode* node = router_.route(names[i], why)) {
-          by_node[node].push_back(i);
-        } else {
-          miss("get", names[i], "the cluster", why);
-        }
-      }
-      for (const auto& [node, indices] : by_node) {
-        std::vector<detail::RedisCommand> commands;
-        for (const std::size_t i : indices) commands.push_back({"GET", names[i]});
-        detail::RedisExchange ex = node->exchange(commands);
-        if (options_.cluster && ex.new_failure) router_.refresh_after_failure(epoch);
-        for (std::size_t j = 0; j < indices.size(); ++j) {
-          const std::size_t i = indices[j];
-          if (!ex.error.empty()) {
-            miss("get", names[i], node->name(), ex.error);
-          } else if (const redisReply& r = *ex.replies[j]; r.type == REDIS_REPLY_ERROR && is_redirect(r)) {
-            detail::RedisRouted routed = router_.run(names[i], std::vector<detail::RedisCommand>{{"GET", names[i]}});
-            if (routed.error.empty()) {
-              out[i] = block_of(keys[i], names[i], routed.node, *routed.replies.front());
-            } else {
-              miss("get", names[i], routed.node, routed.error);
-            }
-          } else {
-            out[i] = block_of(keys[i], names[i], node->name(), r);
-          }
-        }
-      }
+      const std::vector<std::string> names = key_names(keys);
+      per_node("get", "GET", names, [&](std::size_t i, const std::string& node, const redisReply& r) {
+        out[i] = block_of(keys[i], names[i], node, r);
+      });
       return out;
     });
   }
@@ -719,65 +705,76 @@ class RedisKVStore {
     });
   }
 
-  // RangedKVStore: payload bytes [offset, offset + size) of the entry `info` described, read with the header and
-  // page table in one transaction and checked page by page; nullopt when the entry is gone, was replaced since
-  // describe() (another version: neither a rejection nor a failure), fails a check (rejected) or is unreachable.
+  // RangedKVStore: payload bytes [offset, offset + out.size()) of the entry `info` described, read with the header
+  // and page table in one transaction, checked page by page and copied from the reply into `out`; false when the entry
+  // is gone, was replaced since describe() (another version: neither a rejection nor a failure), fails a check
+  // (rejected) or is unreachable.
+  [[nodiscard]] bool get_into(const KVKey& key, const KVBlockInfo& info, std::uint64_t offset,
+                              std::span<std::byte> out) {
+    detail::require_in_entry("RedisKVStore", "get_into", info, offset, out.size());
+    return timed(
+        [&]() -> bool {
+          const std::string name = key_name(key);
+          // The page size is the entry's: the one kvfuse writes, read again in the rare case the header says otherwise.
+          KVEntryLayout guess;
+          guess.page_bytes = kv_entry_page_bytes;
+          guess.info.bytes = info.bytes;
+          std::string node;
+          for (int pass = 0; pass < 2; ++pass) {
+            const std::uint64_t pages = info.bytes / guess.page_bytes + (info.bytes % guess.page_bytes != 0 ? 1 : 0);
+            const std::uint64_t payload_offset = kv_entry_header_bytes + pages * sizeof(std::uint64_t);
+            const KVEntryPageSpan span = kv_entry_page_span(guess, offset, out.size());
+            const std::string prefix_last = fmt::format("{}", payload_offset - 1);
+            const std::string first = fmt::format("{}", payload_offset + span.begin);
+            const std::string last = fmt::format("{}", payload_offset + span.end - 1);
+            std::vector<detail::RedisCommand> commands{
+                {"EXISTS", name}, {"STRLEN", name}, {"GETRANGE", name, "0", prefix_last}};
+            if (span.end > span.begin) commands.push_back({"GETRANGE", name, first, last});
+            Transaction tx = transaction(name, std::move(commands));
+            node = tx.node;
+            if (!tx.error.empty()) {
+              if (tx.wrong_type) return rejected(name, tx.node, tx.error);
+              miss("get_into", name, tx.node, tx.error);
+              return false;
+            }
+            if (tx.results[0]->integer == 0) return false;
+            const std::span<const std::byte> prefix = detail::redis_bytes(*tx.results[2]);
+            KVEntryLayout layout;
+            std::string why =
+                parse_kv_entry_header(prefix, static_cast<std::uint64_t>(tx.results[1]->integer), key, layout);
+            if (!why.empty()) return rejected(name, tx.node, why);
+            if (layout.info.version != info.version || layout.info.bytes != info.bytes) return false;
+            if (layout.page_bytes != guess.page_bytes) {
+              guess.page_bytes = layout.page_bytes;
+              continue;
+            }
+            why = parse_kv_entry_pages(prefix.first(kv_entry_header_bytes), prefix.subspan(kv_entry_header_bytes),
+                                       layout);
+            if (!why.empty()) return rejected(name, tx.node, why);
+            const std::span<const std::byte> bytes =
+                span.end > span.begin ? detail::redis_bytes(*tx.results[3]) : std::span<const std::byte>();
+            if (bytes.size() != span.end - span.begin) {
+              return rejected(name, tx.node, fmt::format("truncated: {} of payload bytes [{}, {}) present",
+                                                         bytes.size(), span.begin, span.end));
+            }
+            if (why = check_kv_entry_pages(layout, span.first_page, bytes); !why.empty()) {
+              return rejected(name, tx.node, why);
+            }
+            if (!out.empty()) std::memcpy(out.data(), bytes.data() + (offset - span.begin), out.size());
+            return true;
+          }
+          return rejected(name, node, "the page size changed between two reads of one version");
+        },
+        out.size());
+  }
   [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
                                                                 std::uint64_t offset, std::uint64_t size) {
-    detail::require(offset <= info.bytes && size <= info.bytes - offset,
-                    "RedisKVStore::get_range: bytes [{}, {}) of a {}-byte entry", offset, offset + size, info.bytes);
-    using Result = std::optional<std::vector<std::byte>>;
-    return timed([&]() -> Result {
-      const std::string name = key_name(key);
-      // The page size is the entry's: the one kvfuse writes, read again in the rare case the header says otherwise.
-      KVEntryLayout guess;
-      guess.page_bytes = kv_entry_page_bytes;
-      guess.info.bytes = info.bytes;
-      std::string node;
-      for (int pass = 0; pass < 2; ++pass) {
-        const std::uint64_t pages = info.bytes / guess.page_bytes + (info.bytes % guess.page_bytes != 0 ? 1 : 0);
-        const std::uint64_t payload_offset = kv_entry_header_bytes + pages * sizeof(std::uint64_t);
-        const KVEntryPageSpan span = kv_entry_page_span(guess, offset, size);
-        const std::string prefix_last = fmt::format("{}", payload_offset - 1);
-        const std::string first = fmt::format("{}", payload_offset + span.begin);
-        const std::string last = fmt::format("{}", payload_offset + span.end - 1);
-        std::vector<detail::RedisCommand> commands{
-            {"EXISTS", name}, {"STRLEN", name}, {"GETRANGE", name, "0", prefix_last}};
-        if (span.end > span.begin) commands.push_back({"GETRANGE", name, first, last});
-        Transaction tx = transaction(name, std::move(commands));
-        node = tx.node;
-        if (!tx.error.empty()) return tx.wrong_type ? reject(name, tx.node, tx.error) : miss("get_range", name, tx.node, tx.error);
-        if (tx.results[0]->integer == 0) return std::nullopt;
-        const std::span<const std::byte> prefix = detail::redis_bytes(*tx.results[2]);
-        KVEntryLayout layout;
-        std::string why = parse_kv_entry_header(prefix, static_cast<std::uint64_t>(tx.results[1]->integer), key, layout);
-        if (!why.empty()) return reject(name, tx.node, why);
-        if (layout.info.version != info.version || layout.info.bytes != info.bytes) return std::nullopt;
-        if (layout.page_bytes != guess.page_bytes) {
-          guess.page_bytes = layout.page_bytes;
-          continue;
-        }
-        why = parse_kv_entry_pages(prefix.first(kv_entry_header_bytes), prefix.subspan(kv_entry_header_bytes), layout);
-        if (!why.empty()) return reject(name, tx.node, why);
-        const std::span<const std::byte> bytes =
-            span.end > span.begin ? detail::redis_bytes(*tx.results[3]) : std::span<const std::byte>();
-        if (bytes.size() != span.end - span.begin) {
-          return reject(name, tx.node, fmt::format("truncated: {} of payload bytes [{}, {}) present", bytes.size(),
-                                                   span.begin, span.end));
-        }
-        if (why = check_kv_entry_pages(layout, span.first_page, bytes); !why.empty()) {
-          return reject(name, tx.node, why);
-        }
-        const auto skip = static_cast<std::ptrdiff_t>(offset - span.begin);
-        return Result(std::in_place, bytes.begin() + skip, bytes.begin() + skip + static_cast<std::ptrdiff_t>(size));
-      }
-      return reject(name, node, "the page size changed between two reads of one version");
-    });
+    return detail::get_range_by_get_into(*this, "RedisKVStore", key, info, offset, size);
   }
 
   // Stores the block with one SET (PX ttl when set), replacing any value of the key. Throws kvfuse::error naming the
-  // key, the node and the reason: num_tokens < 0, the node unreachable or in backoff, an error reply (OOM at
-  // maxmemory with noeviction, ...).
+  // key, the node and the reason: num_tokens < 0 (Status::invalid_argument); the node unreachable or in backoff, an
+  // error reply (OOM at maxmemory with noeviction, ...) (Status::store_unavailable).
   void put(const KVKey& key, KVBlock block) {
     const std::string name = key_name(key);
     detail::require(block.num_tokens >= 0, "RedisKVStore: cannot store '{}': num_tokens = {} must be >= 0", name,
@@ -797,11 +794,12 @@ class RedisKVStore {
       if (r.type == REDIS_REPLY_STATUS && detail::redis_text(r) == "OK") return;
       routed.error = reply_problem(r);
     }
-    throw error(failure(fmt::format("cannot store '{}' on {}: {}", name, routed.node, routed.error)));
+    throw error(Status::store_unavailable,
+                failure(fmt::format("cannot store '{}' on {}: {}", name, routed.node, routed.error)));
   }
 
   // Deletes the key (DEL); returns whether it existed. Throws kvfuse::error naming the key, the node and the reason
-  // when the node cannot answer.
+  // (Status::store_unavailable) when the node cannot answer.
   bool erase(const KVKey& key) {
     const std::string name = key_name(key);
     detail::RedisRouted routed = router_.run(name, std::vector<detail::RedisCommand>{{"DEL", name}});
@@ -810,7 +808,8 @@ class RedisKVStore {
       if (r.type == REDIS_REPLY_INTEGER) return r.integer > 0;
       routed.error = reply_problem(r);
     }
-    throw error(failure(fmt::format("cannot erase '{}' on {}: {}", name, routed.node, routed.error)));
+    throw error(Status::store_unavailable,
+                failure(fmt::format("cannot erase '{}' on {}: {}", name, routed.node, routed.error)));
   }
 
   // How many values reads have rejected, and why the last one was (empty before the first).
@@ -834,7 +833,8 @@ class RedisKVStore {
     return last_error_;
   }
 
-  // Reads measured: get, get_many, describe and get_range calls, the payload bytes they returned, their wall time.
+  // Reads measured: get, get_many, describe and get_into (get_range) calls, the payload bytes they returned, their
+  // wall time.
   [[nodiscard]] ReadStats read_stats() const {
     std::lock_guard lock(mutex_);
     return stats_;
@@ -886,6 +886,59 @@ class RedisKVStore {
     return tx;
   }
 
+  [[nodiscard]] std::vector<std::string> key_names(std::span<const KVKey> keys) const {
+    std::vector<std::string> names;
+    names.reserve(keys.size());
+    for (const KVKey& key : keys) names.push_back(key_name(key));
+    return names;
+  }
+
+  // Runs `command` (GET, EXISTS) on each of `names`, one pipeline per node, and hands the reply about names[i] from
+  // `node` to answer(i, node, reply). A MOVED or ASK reply is followed for its key alone; a key whose node cannot
+  // answer (or whose slot has none) is a miss of `op`, counted, and answer is not called for it.
+  template <class Answer>
+  void per_node(std::string_view op, std::string_view command, const std::vector<std::string>& names,
+                Answer&& answer) const {
+    std::map<detail::RedisNode*, std::vector<std::size_t>> by_node;
+    const std::uint64_t epoch = router_.epoch();
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      std::string why;
+      if (detail::RedisNode* node = router_.route(names[i], why)) {
+        by_node[node].push_back(i);
+      } else {
+        miss(op, names[i], "the cluster", why);
+      }
+    }
+    for (const auto& [node, indices] : by_node) {
+      std::vector<detail::RedisCommand> commands;
+      for (const std::size_t i : indices) commands.push_back({command, names[i]});
+      detail::RedisExchange ex = node->exchange(commands);
+      if (options_.cluster && ex.new_failure) router_.refresh_after_failure(epoch);
+      for (std::size_t j = 0; j < indices.size(); ++j) {
+        const std::size_t i = indices[j];
+        if (!ex.error.empty()) {
+          miss(op, names[i], node->name(), ex.error);
+        } else if (const redisReply& r = *ex.replies[j]; r.type == REDIS_REPLY_ERROR && is_redirect(r)) {
+          detail::RedisRouted routed = router_.run(names[i], std::vector<detail::RedisCommand>{{command, names[i]}});
+          if (routed.error.empty()) {
+            answer(i, routed.node, *routed.replies.front());
+          } else {
+            miss(op, names[i], routed.node, routed.error);
+          }
+        } else {
+          answer(i, node->name(), r);
+        }
+      }
+    }
+  }
+
+  // Whether an EXISTS reply says the key exists; any other reply is a miss (counted).
+  [[nodiscard]] bool exists_of(std::string_view name, std::string_view node, const redisReply& r) const {
+    if (r.type == REDIS_REPLY_INTEGER) return r.integer > 0;
+    miss("contains", name, node, reply_problem(r));
+    return false;
+  }
+
   // The block a GET reply holds, or nullopt: absent (nil), rejected, or an error reply (counted).
   [[nodiscard]] std::optional<KVBlock> block_of(const KVKey& key, const std::string& name, const std::string& node,
                                                 const redisReply& r) const {
@@ -915,17 +968,18 @@ class RedisKVStore {
     return fmt::format("unexpected reply of type {}", r.type);
   }
 
-  // Times a read and adds it to the statistics with the payload bytes it returned.
+  // Times a read and adds it to the statistics with the payload bytes it returned (get_into: `range` bytes when it
+  // returns true).
   template <class Read>
-  std::invoke_result_t<Read&> timed(Read&& read) {
+  std::invoke_result_t<Read&> timed(Read&& read, std::size_t range = 0) {
     const auto t0 = std::chrono::steady_clock::now();
     auto result = read();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t bytes = 0;
     if constexpr (std::is_same_v<decltype(result), std::optional<KVBlock>>) {
       if (result) bytes = static_cast<std::int64_t>(result->bytes.size());
-    } else if constexpr (std::is_same_v<decltype(result), std::optional<std::vector<std::byte>>>) {
-      if (result) bytes = static_cast<std::int64_t>(result->size());
+    } else if constexpr (std::is_same_v<decltype(result), bool>) {
+      if (result) bytes = static_cast<std::int64_t>(range);
     } else if constexpr (std::is_same_v<decltype(result), std::vector<std::optional<KVBlock>>>) {
       for (const auto& block : result) bytes += block ? static_cast<std::int64_t>(block->bytes.size()) : 0;
     }
@@ -958,6 +1012,11 @@ class RedisKVStore {
     ++rejected_;
     last_rejection_ = message;
     return std::nullopt;
+  }
+  // The same for a read that answers a bool (get_into): false.
+  bool rejected(std::string_view name, std::string_view node, std::string_view why) const {
+    reject(name, node, why);
+    return false;
   }
 
   RedisOptions options_;

@@ -6,8 +6,9 @@
 // shared: the bytes of concurrent gets queue on one token bucket (the link is busy until every byte sent so
 // far has drained), so two threads loading at once each see half the bandwidth. contains() and erase() are
 // index operations and put() writes are not throttled: the link models the read path a loader waits on.
-// A get that finds nothing costs the latency only. Over a RangedKVStore it is one too: describe() costs the
-// latency, get_range() the latency and its bytes, on the same link.
+// A get that finds nothing costs the latency only. get_many is one request: the latency once and the bytes of every
+// block it returns; contains_many, like contains, is not throttled. Over a RangedKVStore it is one too: describe()
+// costs the latency, get_into() (and get_range(), which is get_into) the latency and its bytes, on the same link.
 //
 // It also measures what it served (ReadStats: bytes returned, seconds spent in reads, reads), so a loading
 // controller can be fed the tier's measured throughput rather than its nominal one.
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -52,10 +54,22 @@ class ThrottledKVStore {
   [[nodiscard]] const LinkConfig& link() const noexcept { return link_; }
 
   [[nodiscard]] bool contains(const KVKey& key) const { return inner_->contains(key); }
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    return inner_->contains_many(keys);
+  }
 
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
     return over_link([&] { return inner_->get(key); },
                      [](const std::optional<KVBlock>& b) { return b ? b->bytes.size() : std::size_t{0}; });
+  }
+
+  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
+    return over_link([&] { return inner_->get_many(keys); },
+                     [](const std::vector<std::optional<KVBlock>>& blocks) {
+                       std::size_t bytes = 0;
+                       for (const std::optional<KVBlock>& b : blocks) bytes += b ? b->bytes.size() : 0;
+                       return bytes;
+                     });
   }
 
   [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key)
@@ -64,12 +78,17 @@ class ThrottledKVStore {
     return over_link([&] { return inner_->describe(key); }, [](const auto&) { return std::size_t{0}; });
   }
 
+  [[nodiscard]] bool get_into(const KVKey& key, const KVBlockInfo& info, std::uint64_t offset, std::span<std::byte> out)
+    requires RangedKVStore<Inner>
+  {
+    return over_link([&] { return inner_->get_into(key, info, offset, out); },
+                     [&](bool read) { return read ? out.size() : std::size_t{0}; });
+  }
   [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
                                                                 std::uint64_t offset, std::uint64_t size)
     requires RangedKVStore<Inner>
   {
-    return over_link([&] { return inner_->get_range(key, info, offset, size); },
-                     [](const std::optional<std::vector<std::byte>>& b) { return b ? b->size() : std::size_t{0}; });
+    return detail::get_range_by_get_into(*this, "ThrottledKVStore", key, info, offset, size);
   }
 
   void put(const KVKey& key, KVBlock block) { inner_->put(key, std::move(block)); }

@@ -8,11 +8,14 @@
 //             (promotion). A promotion is dropped when a put or erase of the key (or of another key of its lock
 //             stripe) ran since the get began, so an erase that returned stays an erase (FusionPipeline erases the
 //             KV of evicted Cache-Craft variants) and a put is never overwritten by an older read.
-//   describe / get_range (RangedKVStore, when every tier is): from the tier describe found the entry in
+//   get_many: get of each key, each tier asked once (its get_many) for the keys no faster tier had, the hits promoted
+//             as get's are.
+//   describe / get_into / get_range (RangedKVStore, when every tier is): from the tier describe found the entry in
 //             (KVBlockInfo::tier). Ranged reads do not promote: a layer-pipelined load reads the slower tier each
 //             time until a whole get promotes the entry.
-//   put:      into the placement tier p (set_placement, 0 at first: where CacheBlend §5.1's loading controller says
-//             a tier does not delay the first token) and the slower ones, by the write policy (TieredConfig::write):
+//   put:      into tier p, an argument of the put (put(key, block, p); put(key, block) is p = 0: FusionPipeline
+//             passes where CacheBlend §5.1's loading controller says a tier does not delay the first token) and the
+//             slower ones, by the write policy (TieredConfig::write); never into the faster ones:
 //               write_through  tiers p .. N−1, synchronously.
 //               write_back     tier p synchronously; tiers p+1 .. N−1 by flush() (the destructor flushes too). The
 //                              pending block is held here until then; a later put or erase of the key replaces or
@@ -21,7 +24,7 @@
 //             tier (put_failures, last_put_error; slow_put_failures, last_slow_error over every tier but the first) and
 //             put does not throw: losing a copy must not lose the request.
 //             When no tier that should hold the block took it, the faster tiers are tried, p−1 down to 0.
-//   contains: any tier.
+//   contains: any tier. contains_many: likewise, each tier asked once (its contains_many) for the keys still missing.
 //   erase:    every tier, and the pending write; true if any tier had the key. A tier's erase that throws
 //             kvfuse::error (server down) is counted and kept (erase_failures, last_erase_error) and erase does not
 //             throw: the copy it could not remove is unreferenced KV under a content key, never wrong for that key.
@@ -43,6 +46,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -61,7 +65,7 @@
 
 namespace kvfuse {
 
-// When put() writes the tiers slower than the placement tier.
+// When put() writes the tiers slower than the tier it was given.
 enum class WritePolicy {
   write_through,  // synchronously, in put()
   write_back,     // in flush()
@@ -118,21 +122,36 @@ class TieredKVStore {
     return false;
   }
 
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    std::vector<bool> out(keys.size(), false);
+    each_tier_once(
+        keys, [&](std::size_t t, std::span<const KVKey> ask) { return on_tier(t, [&](auto& tier) { return tier.contains_many(ask); }); },
+        [&](std::size_t i, std::size_t, bool) { out[i] = true; });
+    return out;
+  }
+
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) {
-    Stripe& stripe = stripe_of(key);
-    const std::uint64_t writes = stripe.writes.load(std::memory_order_acquire);
+    const std::uint64_t writes = stripe_of(key).writes.load(std::memory_order_acquire);
     for (std::size_t i = 0; i < kTiers; ++i) {
       std::optional<KVBlock> block = timed(i, [&](auto& tier) { return tier.get(key); });
       if (!block) continue;
-      if (i > 0) {
-        std::lock_guard lock(stripe.mutex);
-        // A put or erase since this get began: what it wrote (or removed) stands, the block read before it does not.
-        if (stripe.writes.load(std::memory_order_relaxed) == writes)
-          for (std::size_t t = 0; t < i; ++t) put_into(t, key, *block);
-      }
+      if (i > 0) promote(key, *block, i, writes);
       return block;
     }
     return std::nullopt;
+  }
+
+  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
+    std::vector<std::uint64_t> writes(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) writes[i] = stripe_of(keys[i]).writes.load(std::memory_order_acquire);
+    std::vector<std::optional<KVBlock>> out(keys.size());
+    each_tier_once(
+        keys, [&](std::size_t t, std::span<const KVKey> ask) { return timed(t, [&](auto& tier) { return tier.get_many(ask); }); },
+        [&](std::size_t i, std::size_t t, std::optional<KVBlock>&& block) {
+          if (t > 0) promote(keys[i], *block, t, writes[i]);
+          out[i] = std::move(block);
+        });
+    return out;
   }
 
   [[nodiscard]] std::optional<KVBlockInfo> describe(const KVKey& key)
@@ -147,24 +166,33 @@ class TieredKVStore {
     return std::nullopt;
   }
 
+  [[nodiscard]] bool get_into(const KVKey& key, const KVBlockInfo& info, std::uint64_t offset, std::span<std::byte> out)
+    requires(RangedKVStore<Tiers> && ...)
+  {
+    detail::require(info.tier < kTiers, "TieredKVStore::get_into: tier {} of a {}-tier store", info.tier, kTiers);
+    return timed(info.tier, [&](auto& tier) { return tier.get_into(key, info, offset, out); }, out.size());
+  }
   [[nodiscard]] std::optional<std::vector<std::byte>> get_range(const KVKey& key, const KVBlockInfo& info,
                                                                 std::uint64_t offset, std::uint64_t size)
     requires(RangedKVStore<Tiers> && ...)
   {
-    detail::require(info.tier < kTiers, "TieredKVStore::get_range: tier {} of a {}-tier store", info.tier, kTiers);
-    return timed(info.tier, [&](auto& tier) { return tier.get_range(key, info, offset, size); });
+    return detail::get_range_by_get_into(*this, "TieredKVStore", key, info, offset, size);
   }
 
-  void put(const KVKey& key, KVBlock block) {
-    const std::size_t p = placement();
+  // Into tier 0 and, by the write policy, every slower one.
+  void put(const KVKey& key, KVBlock block) { put(key, std::move(block), 0); }
+
+  // MeasuredTierStore: into tier `tier` and, by the write policy, the slower ones (see the header comment).
+  void put(const KVKey& key, KVBlock block, std::size_t tier) {
+    check_tier(tier, "put");
     const bool back = config_.write == WritePolicy::write_back;
     Write write(stripe_of(key));
     write.stripe.pending.erase(key);
-    const std::size_t last = back ? p : kTiers - 1;
+    const std::size_t last = back ? tier : kTiers - 1;
     bool stored = false;
-    for (std::size_t t = p; t <= last; ++t) stored = put_into(t, key, block) || stored;
-    for (std::size_t t = p; !stored && t-- > 0;) stored = put_into(t, key, block);
-    if (back && p + 1 < kTiers) write.stripe.pending.insert_or_assign(key, Pending{std::move(block), p + 1});
+    for (std::size_t t = tier; t <= last; ++t) stored = put_into(t, key, block) || stored;
+    for (std::size_t t = tier; !stored && t-- > 0;) stored = put_into(t, key, block);
+    if (back && tier + 1 < kTiers) write.stripe.pending.insert_or_assign(key, Pending{std::move(block), tier + 1});
   }
 
   bool erase(const KVKey& key) {
@@ -246,7 +274,7 @@ class TieredKVStore {
     return last_slow_error_;
   }
 
-  // Reads (get, describe, get_range) served by tier `tier`, measured.
+  // Reads (get, get_many, describe, get_into and get_range) served by tier `tier`, measured: a get_many is one read.
   [[nodiscard]] ReadStats tier_stats(std::size_t tier) const {
     check_tier(tier, "tier_stats");
     std::lock_guard lock(mutex_);
@@ -261,17 +289,6 @@ class TieredKVStore {
     for (std::size_t i = 0; i < kTiers; ++i)
       out.push_back({config_.tiers[i].name, config_.tiers[i].cost_per_gb, stats_[i].bytes_per_s(), 0.0});
     return out;
-  }
-
-  // MeasuredTierStore: new entries go to tier `tier` and, by the write policy, the slower ones.
-  void set_placement(std::size_t tier) {
-    check_tier(tier, "set_placement");
-    std::lock_guard lock(mutex_);
-    placement_ = tier;
-  }
-  [[nodiscard]] std::size_t placement() const {
-    std::lock_guard lock(mutex_);
-    return placement_;
   }
 
  private:
@@ -313,6 +330,40 @@ class TieredKVStore {
     }
   }
 
+  // Asks tiers 0, 1, ... in turn, each once, about the keys no faster tier answered: ask(t, keys) returns one result
+  // per key, true or engaged where tier t answered it, and take(i, t, result) receives tier t's answer for keys[i].
+  template <class Ask, class Take>
+  static void each_tier_once(std::span<const KVKey> keys, Ask&& ask, Take&& take) {
+    std::vector<std::size_t> missing(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) missing[i] = i;
+    std::vector<KVKey> asked(keys.begin(), keys.end());
+    for (std::size_t t = 0; t < kTiers && !asked.empty(); ++t) {
+      auto results = ask(t, std::span<const KVKey>(asked));
+      std::size_t kept = 0;
+      for (std::size_t j = 0; j < asked.size(); ++j) {
+        if (results[j]) {
+          take(missing[j], t, std::move(results[j]));
+        } else {
+          missing[kept] = missing[j];
+          asked[kept] = asked[j];
+          ++kept;
+        }
+      }
+      missing.resize(kept);
+      asked.resize(kept);
+    }
+  }
+
+  // Copies a block that a read found in tier `from` into the faster tiers, unless a put or erase of the key's stripe
+  // ran since the read began (`writes`: the stripe's write count then): what that wrote (or removed) stands, the
+  // block read before it does not.
+  void promote(const KVKey& key, const KVBlock& block, std::size_t from, std::uint64_t writes) {
+    Stripe& stripe = stripe_of(key);
+    std::lock_guard lock(stripe.mutex);
+    if (stripe.writes.load(std::memory_order_relaxed) == writes)
+      for (std::size_t t = 0; t < from; ++t) put_into(t, key, block);
+  }
+
   // A copy of `block` into tier `tier`; a kvfuse::error is counted and kept. Returns whether the tier took it.
   bool put_into(std::size_t tier, const KVKey& key, const KVBlock& block) {
     try {
@@ -327,16 +378,20 @@ class TieredKVStore {
     }
   }
 
+  // A read of tier `tier`, timed and added to its statistics with the payload bytes it returned (get_into: `range`
+  // bytes when it returns true).
   template <class Read>
-  auto timed(std::size_t tier, Read&& read) {
+  auto timed(std::size_t tier, Read&& read, std::size_t range = 0) {
     const auto t0 = std::chrono::steady_clock::now();
     auto result = on_tier(tier, std::forward<Read>(read));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t bytes = 0;
     if constexpr (std::is_same_v<decltype(result), std::optional<KVBlock>>) {
       if (result) bytes = static_cast<std::int64_t>(result->bytes.size());
-    } else if constexpr (std::is_same_v<decltype(result), std::optional<std::vector<std::byte>>>) {
-      if (result) bytes = static_cast<std::int64_t>(result->size());
+    } else if constexpr (std::is_same_v<decltype(result), bool>) {
+      if (result) bytes = static_cast<std::int64_t>(range);
+    } else if constexpr (std::is_same_v<decltype(result), std::vector<std::optional<KVBlock>>>) {
+      for (const std::optional<KVBlock>& block : result) bytes += block ? static_cast<std::int64_t>(block->bytes.size()) : 0;
     }
     std::lock_guard lock(mutex_);
     stats_[tier].add(bytes, seconds);
@@ -346,14 +401,13 @@ class TieredKVStore {
   std::tuple<Tiers&...> tiers_;
   TieredConfig config_;
   std::array<Stripe, kStripes> stripes_;
-  mutable std::mutex mutex_;  // guards the failure records, the statistics and the placement
+  mutable std::mutex mutex_;  // guards the failure records and the statistics
   std::array<std::int64_t, kTiers> put_failures_{};
   std::array<std::string, kTiers> last_put_error_{};
   std::array<std::int64_t, kTiers> erase_failures_{};
   std::array<std::string, kTiers> last_erase_error_{};
   std::string last_slow_error_;
   std::array<ReadStats, kTiers> stats_{};
-  std::size_t placement_ = 0;
 };
 
 static_assert(RangedKVStore<TieredKVStore<InMemoryKVStore, DiskKVStore>>);

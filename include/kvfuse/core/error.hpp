@@ -1,5 +1,8 @@
 #pragma once
-// kvfuse::error: the one exception type host code throws. Messages name the bad value.
+// kvfuse::error: the one exception type host code throws. Messages name the bad value; code() says what kind of
+// failure it is (core/status.hpp's Status: invalid_argument for a bad value, unsupported, store_unavailable,
+// corrupt_entry, beyond_context, cancelled), so a caller can tell "the store is down" from a bug without parsing
+// the message. Across an engine's forward pass kvfuse returns the same codes as statuses instead of throwing.
 
 #include <cmath>
 #include <stdexcept>
@@ -9,11 +12,20 @@
 
 #include <fmt/core.h>
 
+#include "kvfuse/core/status.hpp"
+
 namespace kvfuse {
 
 class error : public std::runtime_error {
  public:
-  explicit error(const std::string& what) : std::runtime_error(what) {}
+  explicit error(const std::string& what, Status code = Status::invalid_argument)
+      : std::runtime_error(what), code_(code) {}
+  error(Status code, const std::string& what) : std::runtime_error(what), code_(code) {}
+
+  [[nodiscard]] Status code() const noexcept { return code_; }
+
+ private:
+  Status code_;
 };
 
 namespace detail {
@@ -22,6 +34,12 @@ namespace detail {
 template <class... Args>
 void require(bool ok, fmt::format_string<Args...> message, Args&&... args) {
   if (!ok) throw error(fmt::format(message, std::forward<Args>(args)...));
+}
+
+// The same with a code other than invalid_argument: require_code(ok, Status::beyond_context, "...", ...).
+template <class... Args>
+void require_code(bool ok, Status code, fmt::format_string<Args...> message, Args&&... args) {
+  if (!ok) throw error(code, fmt::format(message, std::forward<Args>(args)...));
 }
 
 // True when `value` is finite and >= 0. For checks whose message needs indices, formatted only on failure:

@@ -19,6 +19,10 @@ enum class Status : int {
   invalid_argument,  // a size, stride, pointer or index is out of range
   unsupported,       // a valid but unsupported setting (dtype, head_dim, scaling, layout)
   cuda_error,        // the CUDA runtime reported an error at launch
+  store_unavailable, // a store could not be reached or failed to answer (a server down, a disk gone)
+  corrupt_entry,     // a stored entry failed its checks (checksum, size, model, positions)
+  beyond_context,    // a prompt or position beyond the model's context
+  cancelled,         // the request was cancelled (a client went away)
 };
 
 [[nodiscard]] inline const char* status_string(Status s) noexcept {
@@ -27,6 +31,10 @@ enum class Status : int {
     case Status::invalid_argument: return "invalid argument";
     case Status::unsupported: return "unsupported configuration";
     case Status::cuda_error: return "CUDA runtime error";
+    case Status::store_unavailable: return "store unavailable";
+    case Status::corrupt_entry: return "corrupt store entry";
+    case Status::beyond_context: return "beyond the model's context";
+    case Status::cancelled: return "cancelled";
   }
   return "unknown kvfuse::Status";
 }

@@ -101,23 +101,6 @@ struct KVBlockInfo {
   }
 }
 
-// Prefix keys of a prompt split on a fixed grid of `chunk` tokens (the last chunk may be shorter):
-// key j identifies the KV of tokens [j*chunk, min((j+1)*chunk, n)) *given* tokens [0, j*chunk), which is
-// what a prefix cache stores (Cake, appendix A step 2).
-[[nodiscard]] inline std::vector<KVKey> prefix_chunk_keys(std::uint64_t model, std::span<const token_id> tokens,
-                                                          std::int64_t chunk) {
-  detail::require(chunk > 0, "prefix_chunk_keys: chunk size {} must be positive", chunk);
-  std::vector<KVKey> keys;
-  std::uint64_t h = kHashSeed;
-  const auto n = static_cast<std::int64_t>(tokens.size());
-  for (std::int64_t b = 0; b < n; b += chunk) {
-    const std::int64_t e = std::min(n, b + chunk);
-    h = hash_tokens(tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b)), h);
-    keys.push_back({model, h});
-  }
-  return keys;
-}
-
 // Index of the largest logit (greedy decoding's token), the lowest index among equals.
 [[nodiscard]] inline token_id argmax_token(std::span<const float> logits) {
   detail::require(!logits.empty(), "argmax_token: no logits");

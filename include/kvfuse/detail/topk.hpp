@@ -16,6 +16,7 @@
 //
 // fmt-free and CUDA-free: kernels include it.
 
+#include <cmath>
 #include <cstdint>
 
 #include "kvfuse/core/config.hpp"
@@ -41,6 +42,19 @@ KVFUSE_HOST_DEVICE std::uint32_t orderable_bits(float f) {
 KVFUSE_HOST_DEVICE std::uint64_t top_k_key(float score, std::int64_t index) {
   return (static_cast<std::uint64_t>(orderable_bits(score)) << 32) |
          static_cast<std::uint64_t>(0xFFFFFFFFu - static_cast<std::uint32_t>(index));
+}
+
+// CacheBlend section 4.3 gradual filtering over a token set S_l (HKVDSelector::select): the rows that must
+// always stay (the query, chunks without stored KV) are kept outside the ranking, and of the other entries
+// (the candidates) the `keep` of highest score survive. On the top-k keys: entry i ranks with
+// hkvd_rank_score, its own score for a candidate and -inf for a mandatory entry; candidate scores are >= 0 or
+// NaN (HKVDSelector refuses negative ones), so every candidate key lies above every mandatory key and the
+// min(keep, |S_l|) largest keys hold the `keep` best candidates (all of them when there are fewer). Entry i
+// is in S_{l+1} iff hkvd_kept: mandatory, or its key is at least the k-th largest (`threshold`, when k > 0).
+KVFUSE_HOST_DEVICE float hkvd_rank_score(float score, bool mandatory) { return mandatory ? -INFINITY : score; }
+
+KVFUSE_HOST_DEVICE bool hkvd_kept(bool mandatory, std::uint64_t key, bool any_ranked, std::uint64_t threshold) {
+  return mandatory || (any_ranked && key >= threshold);
 }
 
 // The radix select's passes over the 64-bit key, most significant digit first: 11, 11, 10 bits over the

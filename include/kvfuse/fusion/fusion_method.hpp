@@ -224,13 +224,39 @@ struct ChunkPlan {
   double cfo = 0.0;
   TokenSet recompute;
   std::uint64_t variant_id = 0;  // Cache-Craft: the chosen VariantCache entry (source == variant)
+  std::uint64_t bytes = 0;       // bytes of the stored entry to read (0 for compute)
+
+  // The RoPE shift of the loaded K: from where it was rotated to its rows here.
+  [[nodiscard]] std::int64_t shift() const noexcept { return range.begin - stored_first_position; }
+};
+
+// The statistics a method's per-layer policy reads after each layer: what an engine computes for that request,
+// and nothing else (LayerReport, fusion/layer_protocol.hpp).
+struct StatisticsNeeds {
+  bool k_deviation = false;  // per selected row, |K recomputed − K cached|² (CacheBlend §4.1)
+  bool v_deviation = false;  // the same for V
+  bool chunk_mass = false;   // LayerAttention::mass over the plan's layout (Cache-Craft's focus, eq. 15)
+  bool self_mass = false;    // LayerAttention::self_mass (Cache-Craft eq. 4 excludes it)
+  bool query_mass = false;   // LayerReport::query_mass of the layout's query rows (QueryAware)
+
+  [[nodiscard]] bool any() const noexcept { return k_deviation || v_deviation || chunk_mass || self_mass || query_mass; }
+  friend bool operator==(const StatisticsNeeds&, const StatisticsNeeds&) = default;
 };
 
 struct FusionPlan {
+  std::uint64_t request_id = 0;   // the engine's id of the request it plans
   std::string method;
   std::vector<ChunkPlan> chunks;  // one per layout chunk, same order
   PromptLayout layout;            // the prompt's layout with cached = (source != compute)
   TokenSet initial;               // S_0
+  bool per_layer = false;         // S_l changes per layer: the engine calls the policy after every layer
+  StatisticsNeeds statistics;     // what that policy reads
+
+  [[nodiscard]] std::uint64_t bytes_to_read() const noexcept {
+    std::uint64_t total = 0;
+    for (const ChunkPlan& c : chunks) total += c.bytes;
+    return total;
+  }
 };
 
 }  // namespace kvfuse

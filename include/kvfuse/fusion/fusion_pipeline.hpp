@@ -71,12 +71,14 @@
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/cache/variant_cache.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/detail/layer_pipe.hpp"
 #include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/fusion/layer_schedule.hpp"
+#include "kvfuse/fusion/planner.hpp"
 #include "kvfuse/schedule/loading_controller.hpp"
 #include "kvfuse/schedule/preload_planner.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
@@ -88,28 +90,11 @@ namespace kvfuse {
 
 namespace detail {
 
-// splitmix64 finalizer: separates the key domains (isolated / prefix / variant) of one content hash.
-[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3 };
-
-[[nodiscard]] constexpr std::uint64_t domain_key(std::uint64_t h, KeyDomain d) noexcept {
-  return mix64(h ^ (static_cast<std::uint64_t>(d) << 56));
-}
-
 [[nodiscard]] inline double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace detail
-
-// Content id of a chunk (Cache-Craft's chunk hash, VariantCache's key).
-[[nodiscard]] inline std::uint64_t chunk_content_id(std::span<const token_id> chunk) { return hash_tokens(chunk); }
 
 // Online time of one run, split by step; ttft_ms() is their sum. With layer-pipelined loading the layer reads,
 // installs and shifts happen during the prefill: load_ms is then the entries' headers (describe) and
@@ -223,7 +208,13 @@ class FusionPipeline {
   [[nodiscard]] const VariantCache& variants() const noexcept { return variants_; }
 
   [[nodiscard]] KVKey isolated_key(std::span<const token_id> chunk) const {
-    return {backend_->model_fingerprint(), detail::domain_key(hash_tokens(chunk), detail::KeyDomain::isolated)};
+    return chunk_cache_key(backend_->model_fingerprint(), chunk);
+  }
+
+  // The engine as a plan sees it (planner.hpp).
+  [[nodiscard]] EngineShape shape() const {
+    const std::int64_t layers = backend_->num_layers();
+    return {backend_->model_fingerprint(), layers, backend_->block_bytes(1) / static_cast<std::size_t>(layers)};
   }
 
   // Offline: the isolated cache of every chunk of the layout (computed at position 0) that the store does not
@@ -237,7 +228,7 @@ class FusionPipeline {
       const auto chunk = slice(tokens, c.range);
       const KVKey key = isolated_key(chunk);
       if (store_->get(key).has_value()) continue;  // a get, not contains: validates it, warms a tiered store
-      store_->put(key, backend_->chunk_kv(chunk, 0));
+      put_entry(key, backend_->chunk_kv(chunk, 0));
       ++computed;
     }
     return computed;
@@ -284,15 +275,15 @@ class FusionPipeline {
       prefix = hash_tokens(slice(tokens, r), prefix);
       if (r.empty()) continue;
       const KVBlock block = backend_->save_rows(r);
-      store_->put(prefix_key(prefix), block);
+      put_entry(prefix_key(prefix), block);
       if (!variant_of[j]) continue;
-      const KVKey vkey = variant_key(profiles[j]);
+      const KVKey vkey = variant_key(backend_->model_fingerprint(), profiles[j].chunk_id, profiles[j].stored_prefix);
       const VariantInsertResult inserted = variants_.insert(profiles[j], vkey);
       // The pipeline's own state first: a store that throws (offline, a server down) leaves it consistent.
       for (const VariantEntry& gone : inserted.evicted) variant_positions_.erase(gone.kv.content);
       variant_positions_[vkey.content] = r.begin;
       for (const VariantEntry& gone : inserted.evicted) store_->erase(gone.kv);
-      store_->put(vkey, block);  // also refreshes the KV of a variant that was already known
+      put_entry(vkey, block);  // also refreshes the KV of a variant that was already known
     }
   }
 
@@ -339,7 +330,7 @@ class FusionPipeline {
     (void)backend_->prefill(all);
     const auto keys = prefix_chunk_keys(backend_->model_fingerprint(), prefix, fetch_chunk);
     for (std::int64_t b = 0; b < prefix_tokens; b += fetch_chunk)
-      store_->put(keys[static_cast<std::size_t>(b / fetch_chunk)], backend_->save_rows({b, std::min(b + fetch_chunk, prefix_tokens)}));
+      put_entry(keys[static_cast<std::size_t>(b / fetch_chunk)], backend_->save_rows({b, std::min(b + fetch_chunk, prefix_tokens)}));
     return static_cast<std::int64_t>(keys.size());
   }
 
@@ -449,7 +440,7 @@ class FusionPipeline {
                                               : static_cast<double>(plan.initial.size()) /
                                                     static_cast<double>(plan.layout.num_tokens());
       out.tier = LoadingController({0.0}).choose_device(loading_request(plan), tiers, ratio);
-      store_->set_placement(out.tier->device.value_or(0));
+      placement_ = out.tier->device.value_or(0);
     }
   }
 
@@ -484,7 +475,7 @@ class FusionPipeline {
       KVBlock block = backend_->chunk_kv(slice(tokens, c.range), 0);
       c.stored_first_position = 0;
       try {  // losing the copy must not lose the request (a store that is down throws kvfuse::error)
-        store_->put(c.key, block);
+        put_entry(c.key, block);
       } catch (const error& e) {
         out.put_failures.emplace_back(e.what());
       }
@@ -768,73 +759,23 @@ class FusionPipeline {
     return true;
   }
 
-  static std::span<const token_id> slice(std::span<const token_id> tokens, TokenRange r) {
-    return tokens.subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size()));
-  }
-
-  void check_prompt(std::span<const token_id> tokens, const PromptLayout& layout, const char* what) const {
-    layout.validate();
-    detail::require(layout.num_tokens() == static_cast<std::int64_t>(tokens.size()) && !tokens.empty(),
-                    "{}: the layout covers {} tokens but the prompt has {}", what, layout.num_tokens(),
-                    tokens.size());
+  // A put of an entry: on a MeasuredTierStore into the tier place() chose last (and the slower ones).
+  void put_entry(const KVKey& key, KVBlock block) {
+    if constexpr (MeasuredTierStore<Store>) store_->put(key, std::move(block), placement_);
+    else store_->put(key, std::move(block));
   }
 
   [[nodiscard]] KVKey prefix_key(std::uint64_t chained) const {
-    return {backend_->model_fingerprint(), detail::domain_key(chained, detail::KeyDomain::prefix)};
-  }
-
-  [[nodiscard]] KVKey variant_key(const ChunkProfile& p) const {
-    std::uint64_t h = detail::mix64(p.chunk_id);
-    for (std::uint64_t id : p.stored_prefix) h = detail::mix64(h ^ id);
-    return {backend_->model_fingerprint(), detail::domain_key(h, detail::KeyDomain::variant)};
+    return chained_prefix_key(backend_->model_fingerprint(), chained);
   }
 
   // Sources per chunk and S_0, from what the store and the variant cache hold now; changes nothing.
   FusionPlan make_plan(std::span<const token_id> tokens, const PromptLayout& layout, const FusionMethod& method) const {
-    FusionPlan plan;
-    plan.method = method_name(method);
-    plan.layout = layout;
-    std::vector<std::uint64_t> ids;
-    std::uint64_t prefix = kHashSeed;
-    bool prefix_open = true;
-    for (const PromptChunk& pc : layout.chunks) {
-      ChunkPlan c;
-      c.range = pc.range;
-      const auto chunk = slice(tokens, pc.range);
-      const std::uint64_t id = chunk_content_id(chunk);
-      prefix = hash_tokens(chunk, prefix);
-      if (pc.cached && !pc.range.empty()) {
-        if (std::holds_alternative<PrefixCaching>(method)) {
-          const KVKey key = prefix_key(prefix);
-          prefix_open = prefix_open && store_->contains(key);
-          if (prefix_open) c = {pc.range, KVSource::prefix, key, pc.range.begin, 0.0, {}, 0};
-        } else if (const auto* craft = std::get_if<CacheCraft>(&method)) {
-          // A chunk repeated within the prompt has no prefix-as-a-set score (eq. 6-7): it is recomputed.
-          const bool repeated = std::find(ids.begin(), ids.end(), id) != ids.end();
-          std::optional<VariantMatch> m;
-          if (!repeated) m = variants_.best(id, ids, craft->alpha);
-          if (m) {  // eq. 12 CFO with the method's alpha, eq. 14 tokens to fix
-            c = {pc.range, KVSource::variant, m->kv, variant_positions_.at(m->kv.content), m->score.cfo,
-                 std::move(m->score.recompute), m->variant_id};
-          }
-        } else if (!std::holds_alternative<FullRecompute>(method)) {
-          const KVKey key = isolated_key(chunk);
-          if (store_->contains(key)) c = {pc.range, KVSource::isolated, key, 0, 0.0, {}, 0};
-        }
-      }
-      if (!pc.range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-      plan.chunks.push_back(std::move(c));
-    }
-    finish_plan(plan, method);
-    return plan;
+    return plan_fusion(0, tokens, layout, method, shape(), *store_, {&variants_, &variant_positions_});
   }
 
-  // layout.cached from the sources, and S_0 (layer_schedule: the one place methods are dispatched).
   void finish_plan(FusionPlan& plan, const FusionMethod& method, std::int64_t exact_prefix = 0) const {
-    for (std::size_t j = 0; j < plan.chunks.size(); ++j)
-      plan.layout.chunks[j].cached = plan.chunks[j].source != KVSource::compute;
-    plan.initial = layer_schedule(plan, method, backend_->num_layers()).initial;
-    std::erase_if(plan.initial, [exact_prefix](std::int64_t row) { return row < exact_prefix; });
+    kvfuse::finish_plan(plan, method, shape(), exact_prefix);
   }
 
   Backend* backend_;
@@ -849,6 +790,7 @@ class FusionPipeline {
     double compute_ms_per_row = 0.0;  // per row computed on one layer, of the same run
     std::map<std::string, double> rows_per_initial;  // per method name: mean |S_l| / |S_0| of its last run
   } measured_;
+  std::size_t placement_ = 0;  // MeasuredTierStore: the tier of new entries, as place() chose last (0: every tier)
 };
 
 }  // namespace kvfuse

@@ -18,6 +18,9 @@
 // candidates sorted by position (as HKVDSelector's token sets are), "lower index" is "lower position". NaN
 // scores rank above +inf (detail/topk.hpp). top_k_count(r, n) gives the k HKVDSelector keeps.
 //
+// Gradual filtering (HKVDSelectArgs, hkvd_select): the same top-k over the entries of S_l, the rows that must
+// stay taken out of the ranking, S_{l+1} written as rows (HKVDSelector::select's set).
+//
 // fmt-free: CUDA translation units include it. The references never throw; like the launchers they return a
 // kvfuse::Status and name the bad value in kvfuse::last_status_message().
 
@@ -58,6 +61,21 @@ struct TopKArgs {
   std::int32_t* indices = nullptr;  // [k] output, ascending
   std::int64_t num_items = 0;       // at most 2^31 - 1
   std::int64_t k = 0;               // 0 <= k <= num_items
+};
+
+// CacheBlend section 4.3 gradual filtering on the device: S_{l+1} from S_l and the per-entry scores of layer l,
+// the set HKVDSelector::select(l, S_l, scores) returns (select/hkvd_selector.hpp). With an HKVDSelector `sel`
+// of the request: mandatory[t] = !sel.is_reusable(t) for every row t, keep = sel.keep_count(l); the size of
+// S_{l+1} is known on the host before the call, sel.plan().tokens_per_layer[l + 1].
+struct HKVDSelectArgs {
+  const std::int32_t* current = nullptr;    // [num_current] S_l: rows, strictly ascending
+  const float* scores = nullptr;            // [num_current] score of entry i (kv_deviation, cached_rows = current)
+  const std::uint8_t* mandatory = nullptr;  // [num_rows] nonzero: the row always stays (query, uncached chunks)
+  std::int64_t num_current = 0;             // |S_l|, below 2^31
+  std::int64_t num_rows = 0;                // N: rows lie in [0, N)
+  std::int64_t keep = 0;                    // candidates (entries whose row is not mandatory) to keep, >= 0
+  std::int32_t* next = nullptr;             // [num_current] output: S_{l+1}, ascending, a subset of S_l
+  std::int32_t* num_next = nullptr;         // [1] output: |S_{l+1}|
 };
 
 // The number of tokens a ratio keeps, rounded as HKVDSelector keeps them (detail::keep_count: the nearest
@@ -112,9 +130,51 @@ inline bool kv_topk_dtype_known(DType t) { return t == DType::f32 || t == DType:
   return Status::success;
 }
 
+[[nodiscard]] inline Status validate(const HKVDSelectArgs& a) noexcept {
+  if (a.num_current < 0 || a.num_current > detail::top_k_max_items)
+    return refuse(Status::invalid_argument, "hkvd_select: num_current %lld is not in [0, 2^31)",
+                  static_cast<long long>(a.num_current));
+  if (a.num_rows < a.num_current || a.num_rows > detail::top_k_max_items)
+    return refuse(Status::invalid_argument, "hkvd_select: num_rows %lld is not in [num_current = %lld, 2^31)",
+                  static_cast<long long>(a.num_rows), static_cast<long long>(a.num_current));
+  if (a.keep < 0)
+    return refuse(Status::invalid_argument, "hkvd_select: keep %lld is negative", static_cast<long long>(a.keep));
+  if (a.num_next == nullptr)
+    return refuse(Status::invalid_argument, "hkvd_select: num_next is null");
+  if ((a.num_current > 0 && (a.current == nullptr || a.scores == nullptr || a.next == nullptr)) ||
+      (a.num_rows > 0 && a.mandatory == nullptr))
+    return refuse(Status::invalid_argument,
+                  "hkvd_select: a null pointer (current %p, scores %p, mandatory %p, next %p) with num_current = %lld, "
+                  "num_rows = %lld",
+                  static_cast<const void*>(a.current), static_cast<const void*>(a.scores),
+                  static_cast<const void*>(a.mandatory), static_cast<const void*>(a.next),
+                  static_cast<long long>(a.num_current), static_cast<long long>(a.num_rows));
+  return Status::success;
+}
+
 namespace ref {
 
 namespace kv_topk_detail {
+
+// The radix select of the top-k (detail/topk.hpp) on the host: the k-th largest of the keys key_of(i),
+// i < n (1 <= k <= n), found digit by digit as the GPU passes find it.
+template <class KeyOf>
+std::uint64_t radix_threshold(std::int64_t n, std::int64_t k, KeyOf key_of) noexcept {
+  std::uint64_t prefix = 0;
+  auto remaining = static_cast<std::uint32_t>(k);
+  std::uint32_t hist[kvfuse::detail::radix_max_bins];
+  for (int pass = 0; pass < kvfuse::detail::radix_passes; ++pass) {
+    const int bins = 1 << kvfuse::detail::radix_pass_bits(pass);
+    for (int b = 0; b < bins; ++b) hist[b] = 0;
+    const std::uint64_t mask = kvfuse::detail::radix_prefix_mask(pass);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint64_t key = key_of(i);
+      if ((key & mask) == prefix) ++hist[kvfuse::detail::radix_digit(key, pass)];
+    }
+    if (kvfuse::detail::radix_select_step(hist, pass, prefix, remaining)) break;
+  }
+  return prefix;
+}
 
 template <class T>
 void kv_deviation_rows(const KVDeviationArgs& a) noexcept {
@@ -166,23 +226,53 @@ void kv_deviation_rows(const KVDeviationArgs& a) noexcept {
 [[nodiscard]] inline Status top_k_tokens(const TopKArgs& a) noexcept {
   if (const Status s = validate(a); s != Status::success) return s;
   if (a.k == 0) return Status::success;
-  std::uint64_t prefix = 0;
-  auto remaining = static_cast<std::uint32_t>(a.k);
-  std::uint32_t hist[kvfuse::detail::radix_max_bins];
-  for (int pass = 0; pass < kvfuse::detail::radix_passes; ++pass) {
-    const int bins = 1 << kvfuse::detail::radix_pass_bits(pass);
-    for (int b = 0; b < bins; ++b) hist[b] = 0;
-    const std::uint64_t mask = kvfuse::detail::radix_prefix_mask(pass);
-    for (std::int64_t i = 0; i < a.num_items; ++i) {
-      const std::uint64_t key = kvfuse::detail::top_k_key(a.scores[i], i);
-      if ((key & mask) == prefix) ++hist[kvfuse::detail::radix_digit(key, pass)];
-    }
-    if (kvfuse::detail::radix_select_step(hist, pass, prefix, remaining)) break;
-  }
+  const std::uint64_t prefix = kv_topk_detail::radix_threshold(
+      a.num_items, a.k, [&](std::int64_t i) { return kvfuse::detail::top_k_key(a.scores[i], i); });
   std::int64_t out = 0;
   for (std::int64_t i = 0; i < a.num_items && out < a.k; ++i) {
     if (kvfuse::detail::top_k_key(a.scores[i], i) >= prefix) a.indices[out++] = static_cast<std::int32_t>(i);
   }
+  return Status::success;
+}
+
+// CPU reference of kvfuse::cuda::hkvd_select: the same keys (detail::hkvd_rank_score, detail::top_k_key),
+// the same radix select (radix_threshold) and the same rule (detail::hkvd_kept), so the same set as the
+// kernel and as HKVDSelector::select. Refuses (writing nothing) what HKVDSelector refuses: a row of current
+// outside [0, num_rows) or not above the previous one, a negative candidate score, a mandatory row missing
+// from current. O(num_rows + 6 * num_current), no allocation.
+[[nodiscard]] inline Status hkvd_select(const HKVDSelectArgs& a) noexcept {
+  if (const Status s = validate(a); s != Status::success) return s;
+  std::int64_t mandatory_in_current = 0;
+  for (std::int64_t i = 0; i < a.num_current; ++i) {
+    const std::int32_t row = a.current[i];
+    if (row < 0 || row >= a.num_rows || (i > 0 && row <= a.current[i - 1]))
+      return refuse(Status::invalid_argument,
+                    "hkvd_select: current[%lld] = %d is not in [0, num_rows = %lld) or not above the entry before",
+                    static_cast<long long>(i), row, static_cast<long long>(a.num_rows));
+    if (a.mandatory[row] != 0) {
+      ++mandatory_in_current;
+    } else if (a.scores[i] < 0.0f) {
+      return refuse(Status::invalid_argument, "hkvd_select: score %g of row %d (entry %lld) is negative",
+                    static_cast<double>(a.scores[i]), row, static_cast<long long>(i));
+    }
+  }
+  std::int64_t mandatory_rows = 0;
+  for (std::int64_t t = 0; t < a.num_rows; ++t) mandatory_rows += a.mandatory[t] != 0 ? 1 : 0;
+  if (mandatory_in_current != mandatory_rows)
+    return refuse(Status::invalid_argument, "hkvd_select: current holds %lld of the %lld mandatory rows",
+                  static_cast<long long>(mandatory_in_current), static_cast<long long>(mandatory_rows));
+
+  const auto key_of = [&](std::int64_t i) {
+    return kvfuse::detail::top_k_key(kvfuse::detail::hkvd_rank_score(a.scores[i], a.mandatory[a.current[i]] != 0), i);
+  };
+  const std::int64_t k = a.keep < a.num_current ? a.keep : a.num_current;
+  const std::uint64_t threshold = k > 0 ? kv_topk_detail::radix_threshold(a.num_current, k, key_of) : 0;
+  std::int32_t out = 0;
+  for (std::int64_t i = 0; i < a.num_current; ++i) {
+    if (kvfuse::detail::hkvd_kept(a.mandatory[a.current[i]] != 0, key_of(i), k > 0, threshold))
+      a.next[out++] = a.current[i];
+  }
+  *a.num_next = out;
   return Status::success;
 }
 

@@ -8,10 +8,16 @@
 // Query i sees key j iff pos_k[j] <= pos_q[i] (exact, by position). Query head h reads KV head
 // h / (Hq / Hkv) (GQA). Outputs: O [S, Hq, d] in the storage dtype of the inputs (fp32 accumulation,
 // one rounding at the end) and LSE [S, Hq] fp32 (natural log); a query that sees no key gets O = 0 and
-// LSE = −inf. Optional epilogue: with chunk boundaries chunk_starts[0..C] (key indices), the attention
-// mass mass[S, C] = Σ_h Σ_{j ∈ [chunk_starts[c], chunk_starts[c+1]), visible} softmax_hij (Cache-Craft
-// eq. 3–4 weights summed over heads, what its inter/intra statistics and eq. 15 focused-chunk detection
-// consume).
+// LSE = −inf. Optional epilogues, each computed only when its output is given (softmax_hij: the weight query
+// i puts on key j in query head h; each output is overwritten):
+//  - chunk mass: with chunk boundaries chunk_starts[0..C] (key indices), mass[S, C] = Σ_h Σ_{j ∈
+//    [chunk_starts[c], chunk_starts[c+1]), visible} softmax_hij (Cache-Craft eq. 3–4 weights summed over
+//    heads, what its inter/intra statistics and eq. 15 focused-chunk detection consume);
+//  - self mass: self_mass[S] = Σ_h softmax_{h,i,self_rows[i]}, the weight query i puts on its own key row
+//    (LayerAttention::self_mass: Cache-Craft eq. 4 leaves it out of a chunk's intra attention);
+//  - query mass: query_mass[N] = Σ_{i ∈ [query_begin, query_end)} Σ_h softmax_hij, the weight the query rows
+//    (a contiguous range of the selected entries: the question) put on key j (QueryAware ranks by it;
+//    LayerReport::query_mass of entry e of S_l is query_mass[row of e]).
 //
 // Layouts: every tensor is [tokens, heads, d] with the d elements of a head contiguous and a token stride
 // and a head stride in elements; 0 means packed NHD (token stride H·d, head stride d). HND
@@ -62,6 +68,15 @@ struct SparseAttentionArgs {
   std::int64_t num_chunks = 0;                 // C
   const std::int64_t* chunk_starts = nullptr;  // [C + 1] key indices, non-decreasing, within [0, N]
   float* mass = nullptr;                       // [S, C] fp32, overwritten
+
+  // Optional self-mass epilogue, enabled when self_mass is not null.
+  const std::int32_t* self_rows = nullptr;  // [S] key index of query i's own row (S_l's rows), in [0, N)
+  float* self_mass = nullptr;               // [S] fp32, overwritten
+
+  // Optional query-mass epilogue, enabled when query_mass is not null.
+  std::int64_t query_begin = 0;  // the query rows: entries [query_begin, query_end) of the S queries
+  std::int64_t query_end = 0;
+  float* query_mass = nullptr;  // [N] fp32, overwritten
 
   // Optional scratch of the CUDA launcher (kvfuse::cuda::sparse_attention_workspace_bytes): with it, few
   // selected queries split their KV loops over more blocks. Not read by the CPU reference.
@@ -144,6 +159,14 @@ inline std::int64_t attention_stride(std::int64_t given, std::int64_t packed) { 
     return refuse(Status::invalid_argument, "sparse_attention: %lld chunks but chunk_starts %p or mass %p is null",
                   static_cast<long long>(a.num_chunks), static_cast<const void*>(a.chunk_starts),
                   static_cast<const void*>(a.mass));
+  if (a.self_mass != nullptr && a.num_queries > 0 && a.self_rows == nullptr)
+    return refuse(Status::invalid_argument, "sparse_attention: self_mass %p given but self_rows is null",
+                  static_cast<const void*>(a.self_mass));
+  if (a.query_mass != nullptr && (a.query_begin < 0 || a.query_end < a.query_begin || a.query_end > a.num_queries))
+    return refuse(Status::invalid_argument,
+                  "sparse_attention: query rows [%lld, %lld) are not a range within the %lld queries",
+                  static_cast<long long>(a.query_begin), static_cast<long long>(a.query_end),
+                  static_cast<long long>(a.num_queries));
   if (a.workspace_bytes < 0)
     return refuse(Status::invalid_argument, "sparse_attention: workspace_bytes %lld is negative",
                   static_cast<long long>(a.workspace_bytes));
@@ -151,8 +174,8 @@ inline std::int64_t attention_stride(std::int64_t given, std::int64_t packed) { 
 }
 
 // Checks the data validate() cannot read, on host pointers: key positions non-decreasing; chunk_starts
-// non-decreasing within [0, N]. (Query positions need no order for correctness; sorted queries make the
-// kernel's tiles stop early.)
+// non-decreasing within [0, N]; self_rows within [0, N). (Query positions need no order for correctness;
+// sorted queries make the kernel's tiles stop early.)
 [[nodiscard]] inline Status validate_host_data(const SparseAttentionArgs& a) noexcept {
   for (std::int64_t j = 1; j < a.num_keys; ++j)
     if (a.k_pos[j] < a.k_pos[j - 1])
@@ -167,6 +190,11 @@ inline std::int64_t attention_stride(std::int64_t given, std::int64_t packed) { 
                     "sparse_attention: chunk_starts[%lld] = %lld is not in [chunk_starts[c-1], num_keys = %lld]",
                     static_cast<long long>(c), static_cast<long long>(s), static_cast<long long>(a.num_keys));
   }
+  for (std::int64_t i = 0; i < a.num_queries && a.self_mass != nullptr; ++i)
+    if (a.self_rows[i] < 0 || a.self_rows[i] >= a.num_keys)
+      return refuse(Status::invalid_argument,
+                    "sparse_attention: self_rows[%lld] = %d is not in [0, num_keys = %lld)", static_cast<long long>(i),
+                    a.self_rows[i], static_cast<long long>(a.num_keys));
   return Status::success;
 }
 
@@ -194,6 +222,8 @@ void sparse_attention_typed(const SparseAttentionArgs& a) {
   const auto nq = static_cast<std::size_t>(a.num_queries);
   const auto nc = static_cast<std::size_t>(a.num_chunks);
   if (nc > 0) std::fill(a.mass, a.mass + nq * nc, 0.0f);
+  if (a.self_mass != nullptr) std::fill(a.self_mass, a.self_mass + nq, 0.0f);
+  if (a.query_mass != nullptr) std::fill(a.query_mass, a.query_mass + a.num_keys, 0.0f);
   std::vector<float> q(static_cast<std::size_t>(d));
   std::vector<float> acc(static_cast<std::size_t>(d));
   std::vector<float> scores(static_cast<std::size_t>(a.num_keys));
@@ -236,6 +266,12 @@ void sparse_attention_typed(const SparseAttentionArgs& a) {
       T* o = static_cast<T*>(a.o) + i * a.o_token_stride + h * a.o_head_stride;
       for (std::int64_t e = 0; e < d; ++e) o[e] = from_float<T>(acc[static_cast<std::size_t>(e)] * inv);
       a.lse[i * a.num_q_heads + h] = lse;
+      // The epilogues: softmax weights e^(s·ln2 − LSE), summed over the query heads.
+      if (a.self_mass != nullptr)
+        a.self_mass[i] += attention_probability(scores[static_cast<std::size_t>(a.self_rows[i])], lse);
+      if (a.query_mass != nullptr && i >= a.query_begin && i < a.query_end)
+        for (std::int64_t j = 0; j < a.num_keys; ++j)
+          a.query_mass[j] += attention_probability(scores[static_cast<std::size_t>(j)], lse);
       if (nc == 0) continue;
       float* mass = a.mass + static_cast<std::size_t>(i) * nc;
       for (std::size_t c = 0; c < nc; ++c)

@@ -47,6 +47,7 @@
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/types.hpp"
 
 namespace kvfuse {

@@ -57,6 +57,7 @@
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/threaded_loader.hpp"

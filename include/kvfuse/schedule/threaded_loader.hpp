@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 

@@ -63,6 +63,7 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/status.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/detail/attention.hpp"
 #include "kvfuse/detail/cpu_kernels.hpp"
@@ -103,6 +104,40 @@ struct CpuLlamaOptions {
     detail::require(threads >= 0, "CpuLlamaOptions: threads = {} must be >= 0 (0: one per hardware thread)", threads);
     detail::require(query_block >= 1, "CpuLlamaOptions: query_block = {} must be >= 1", query_block);
   }
+};
+
+// What the forward pass computes for an item besides its rows' KV, so nothing is computed that nobody reads.
+struct LayerNeeds {
+  bool after_layer = false;              // call StepHooks::after_layer after every layer (a per-layer policy)
+  bool deviation = false;                // LayerReport::k_deviation / v_deviation (CacheBlend §4.1)
+  const PromptLayout* groups = nullptr;  // LayerReport::attention over these groups (chunk mass, self mass)
+  TokenRange query{};                    // LayerReport::query_mass of these rows (QueryAware)
+};
+
+// One request's rows in a batched forward step (CpuLlama::forward).
+struct BatchItem {
+  LlamaKVCache* kv = nullptr;         // the request's KV; rows of `rows` are computed into it
+  TokenSet rows;                      // S_0 of this step: sorted rows of *kv, each at its position in kv->positions
+  std::span<const token_id> tokens;   // the token of each entry of `rows`
+  bool want_logits = true;            // the logits of rows.back(), which every S_l must then keep
+  LayerNeeds needs;
+  // Results of the step.
+  std::vector<float> logits;                     // when want_logits and status == success
+  std::vector<std::int64_t> selected_per_layer;  // |S_l| of the layers computed
+  Status status = Status::success;               // a hook's status other than success: the item left the step
+};
+
+// The per-layer calls a batched forward step makes, per item: the engine-facing side of kvfuse's connector
+// (fusion/connector.hpp) or any adapter. Statuses, not exceptions: one item's failure never stops the others.
+class StepHooks {
+ public:
+  // Before layer `layer` reads item `item`'s KV: install what has been loaded for it.
+  virtual Status before_layer(std::size_t item, std::int64_t layer) = 0;
+  // After the layer, with the statistics the item asked for: S_{l+1} into `next` (empty: keep S_l).
+  virtual Status after_layer(std::size_t item, const LayerReport& report, TokenSet& next) = 0;
+
+ protected:
+  ~StepHooks() = default;
 };
 
 class CpuLlamaSession;
@@ -245,6 +280,13 @@ class CpuLlama {
   // Chunked prefill / decoding: appends `tokens` to kv at the positions after its highest one (0 for an
   // empty cache), computes them against all of kv, and returns the logits of the last appended token.
   std::vector<float> extend(LlamaKVCache& kv, std::span<const token_id> tokens) const {
+    TokenSet rows = append_rows(kv, tokens);
+    return run(kv, std::move(rows), tokens, nullptr, nullptr, true, nullptr);
+  }
+
+  // extend's first half, for a batched step (forward): appends zero rows for `tokens` at the positions after kv's
+  // highest one (0 for an empty cache) and returns their row indices, to be computed.
+  TokenSet append_rows(LlamaKVCache& kv, std::span<const token_id> tokens) const {
     check_kv(kv, "CpuLlama::extend");
     detail::require(!tokens.empty(), "CpuLlama::extend: no tokens");
     const std::int64_t first =
@@ -254,7 +296,7 @@ class CpuLlama {
     kv.append(added);
     TokenSet rows(tokens.size());
     std::iota(rows.begin(), rows.end(), begin);
-    return run(kv, rows, tokens, nullptr, nullptr, true, nullptr);
+    return rows;
   }
 
   // Greedy decoding: the most likely token after `last_logits` (the logits of kv's last token), appended
@@ -315,7 +357,7 @@ class CpuLlama {
   // context, unless the options allow it.
   void check_context(std::int64_t last) const {
     if (config_.context_length == 0 || options_.allow_beyond_context) return;
-    detail::require(last < config_.context_length,
+    detail::require_code(last < config_.context_length, Status::beyond_context,
                     "CpuLlama: the prompt reaches position {} ({} tokens), beyond the model's trained context of {} "
                     "tokens (LlamaConfig::context_length); refused, as its output would not be trustworthy "
                     "(CpuLlamaOptions::allow_beyond_context runs it anyway)",
@@ -605,65 +647,162 @@ class CpuLlama {
     }
   }
 
-  // The layer loop. Computes rows `sel` (S_0; their tokens in `sel_tokens`) of kv on every layer, attending to
-  // all rows of kv by position; after each layer asks `policy` (if any) for S_{l+1}, reporting the query mass
-  // of `query_rows` when it is not empty. Returns the logits of the last row of S_0 when `want_logits` (that
-  // row must stay selected), else nothing.
+  // The layer loop of one request: run() is forward() over a batch of one, with the std::function policy and hook
+  // of the single-request API adapted to StepHooks. Returns the logits of the last row of S_0 when `want_logits`.
   std::vector<float> run(LlamaKVCache& kv, TokenSet sel, std::span<const token_id> sel_tokens,
                          const SelectionPolicy* policy, const PromptLayout* groups, bool want_logits,
                          std::vector<std::int64_t>* sizes, const LayerHook* before_layer = nullptr,
                          TokenRange query_rows = {}) const {
-    std::int64_t last_position = -1;
-    for (const std::int64_t r : sel) last_position = std::max(last_position, kv.positions[static_cast<std::size_t>(r)]);
-    check_context(last_position);
+    struct Adapter final : StepHooks {
+      const SelectionPolicy* policy;
+      const LayerHook* hook;
+      Adapter(const SelectionPolicy* p, const LayerHook* h) : policy(p), hook(h) {}
+      Status before_layer(std::size_t, std::int64_t layer) override {
+        if (hook != nullptr) (*hook)(layer);  // may throw: the single-request API lets it through
+        return Status::success;
+      }
+      Status after_layer(std::size_t, const LayerReport& report, TokenSet& next) override {
+        next = (*policy)(report);
+        return Status::success;
+      }
+    } adapter(policy, before_layer);
+    BatchItem item;
+    item.kv = &kv;
+    item.rows = std::move(sel);
+    item.tokens = sel_tokens;
+    item.want_logits = want_logits;
+    item.needs = {policy != nullptr, policy != nullptr, groups, query_rows};
+    forward(std::span<BatchItem>(&item, 1), adapter);
+    if (sizes != nullptr) sizes->insert(sizes->end(), item.selected_per_layer.begin(), item.selected_per_layer.end());
+    return std::move(item.logits);
+  }
+
+ public:
+  // One forward step over a ragged batch (as vLLM flattens the tokens of a step): the rows of every item, each a
+  // request with its own KV, concatenated into one matrix product per weight; RoPE, the K / V write and attention
+  // per item over its own KV with the exact causal mask by position (rows of other items are never seen). Per
+  // item and layer l, hooks.before_layer(i, l) runs before layer l reads item i's KV (a loader installs layer l
+  // there) and, when item.needs.after_layer, hooks.after_layer(i, report, next) receives exactly the statistics
+  // item.needs names and returns S_{l+1} ⊆ S_l in `next` (left empty: S_l is kept). A hook's status other than
+  // success takes that item out of the step from that point (item.status; the KV rows it wrote stay) and leaves the
+  // others as they are. Each row's arithmetic does not depend on the other rows of the batch (the matrix products
+  // accumulate every output along k in the same order for any number of rows): an item gives the same logits bit
+  // for bit alone or batched. Items must not share a KV cache.
+  void forward(std::span<BatchItem> items, StepHooks& hooks) const {
     const std::int64_t e = config_.n_embd;
     const std::int64_t hd = config_.head_dim;
     const std::int64_t pairs = hd / 2;
     const RopePairing pairing = config_.rope_pairing;
     const bool gemma3 = config_.architecture == LlamaArchitecture::gemma3;
-    const std::int64_t logits_row = sel.back();
-    auto s = static_cast<std::int64_t>(sel.size());
+    const std::size_t n_items = items.size();
 
-    RowMatrix h(s, e);
-    for (std::int64_t i = 0; i < s; ++i)
-      weights_.token_embd.dequantize_rows(sel_tokens[static_cast<std::size_t>(i)], 1, h.row(i).data());
+    // Per item: its rows of the concatenated hidden states [offset, offset + sel.size()), S_l, the index in S_0 of
+    // each entry of S_l (origin), its RoPE cos / sin per S_0 row and kind of layer, its group of each KV row.
+    struct Active {
+      TokenSet sel;
+      std::vector<std::int64_t> origin;
+      std::vector<float> cos_t[2];
+      std::vector<float> sin_t[2];
+      std::vector<std::int32_t> group_of_row;
+      std::int64_t num_groups = 0;
+      std::int64_t offset = 0;
+      bool live = true;
+    };
+    std::vector<Active> act(n_items);
+    std::int64_t total = 0;
+    for (std::size_t it = 0; it < n_items; ++it) {
+      BatchItem& item = items[it];
+      LlamaKVCache& kv = *item.kv;
+      check_kv(kv, "CpuLlama::forward");
+      check_selection(item.rows, kv.num_rows(), "CpuLlama::forward: rows");
+      detail::require(!item.rows.empty() && item.tokens.size() == item.rows.size(),
+                      "CpuLlama::forward: item {} has {} rows and {} tokens", it, item.rows.size(), item.tokens.size());
+      check_tokens(item.tokens, "CpuLlama::forward");
+      for (std::size_t other = 0; other < it; ++other)
+        detail::require(items[other].kv != item.kv, "CpuLlama::forward: items {} and {} share a KV cache", other, it);
+      std::int64_t last_position = -1;
+      for (const std::int64_t r : item.rows)
+        last_position = std::max(last_position, kv.positions[static_cast<std::size_t>(r)]);
+      check_context(last_position);
+      item.status = Status::success;
+      item.logits.clear();
+      item.selected_per_layer.clear();
+      Active& a = act[it];
+      a.sel = item.rows;
+      const auto s = static_cast<std::int64_t>(a.sel.size());
+      a.origin.resize(a.sel.size());
+      std::iota(a.origin.begin(), a.origin.end(), std::int64_t{0});
+      // RoPE cos / sin of every S_0 row (double angle, detail/rope.hpp), one table per kind of layer
+      // ([LlamaConfig::is_local(l)]: the global and the local layers' θ), reused on every layer of that kind.
+      for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+        const std::size_t kind = config_.is_local(l) ? 1 : 0;
+        if (!a.cos_t[kind].empty()) continue;
+        const std::vector<double> theta = config_.rope_theta(l);
+        a.cos_t[kind].resize(static_cast<std::size_t>(s * pairs));
+        a.sin_t[kind].resize(a.cos_t[kind].size());
+        for (std::int64_t i = 0; i < s; ++i) {
+          const auto p = static_cast<double>(kv.positions[static_cast<std::size_t>(a.sel[static_cast<std::size_t>(i)])]);
+          detail::rope_cos_sin(theta.data(), pairs, p, a.cos_t[kind].data() + i * pairs, a.sin_t[kind].data() + i * pairs);
+        }
+      }
+      if (const PromptLayout* groups = item.needs.groups; groups != nullptr) {
+        a.num_groups = static_cast<std::int64_t>(groups->chunks.size()) + 1;
+        a.group_of_row.assign(static_cast<std::size_t>(kv.num_rows()), static_cast<std::int32_t>(a.num_groups - 1));
+        for (std::size_t j = 0; j < groups->chunks.size(); ++j)
+          for (std::int64_t r = groups->chunks[j].range.begin; r < groups->chunks[j].range.end; ++r)
+            a.group_of_row[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(j);
+      }
+      a.offset = total;
+      total += s;
+    }
+
+    RowMatrix h(total, e);
+    for (std::size_t it = 0; it < n_items; ++it)
+      for (std::size_t i = 0; i < act[it].sel.size(); ++i)
+        weights_.token_embd.dequantize_rows(items[it].tokens[i], 1,
+                                            h.row(act[it].offset + static_cast<std::int64_t>(i)).data());
     if (config_.embedding_scale != 1.0) h *= static_cast<float>(config_.embedding_scale);
 
-    // RoPE cos / sin of every S_0 row (double angle, detail/rope.hpp), one table per kind of layer
-    // ([LlamaConfig::is_local(l)]: the global and the local layers' θ), reused on every layer of that kind;
-    // origin[i] = index in S_0 of entry i of S_l.
-    std::vector<float> cos_t[2];
-    std::vector<float> sin_t[2];
-    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-      const std::size_t kind = config_.is_local(l) ? 1 : 0;
-      if (!cos_t[kind].empty()) continue;
-      const std::vector<double> theta = config_.rope_theta(l);
-      cos_t[kind].resize(static_cast<std::size_t>(s * pairs));
-      sin_t[kind].resize(cos_t[kind].size());
-      for (std::int64_t i = 0; i < s; ++i) {
-        const auto p = static_cast<double>(kv.positions[static_cast<std::size_t>(sel[static_cast<std::size_t>(i)])]);
-        detail::rope_cos_sin(theta.data(), pairs, p, cos_t[kind].data() + i * pairs, sin_t[kind].data() + i * pairs);
+    // Drops the rows of items whose set changed (or that left the step) from h: the rows kept of each item, in order.
+    const auto regather = [&](const std::vector<std::vector<std::int64_t>>& keep_rows) {
+      std::int64_t rows = 0;
+      for (std::size_t it = 0; it < n_items; ++it) rows += static_cast<std::int64_t>(keep_rows[it].size());
+      RowMatrix kept(rows, e);
+      std::int64_t at = 0;
+      for (std::size_t it = 0; it < n_items; ++it) {
+        for (std::int64_t r : keep_rows[it]) kept.row(at++) = h.row(act[it].offset + r);
+        act[it].offset = at - static_cast<std::int64_t>(keep_rows[it].size());
       }
-    }
-    std::vector<std::int64_t> origin(static_cast<std::size_t>(s));
-    std::iota(origin.begin(), origin.end(), std::int64_t{0});
+      h = std::move(kept);
+    };
 
-    std::vector<std::int32_t> group_of_row;
-    std::int64_t num_groups = 0;
-    if (groups != nullptr) {
-      num_groups = static_cast<std::int64_t>(groups->chunks.size()) + 1;
-      group_of_row.assign(static_cast<std::size_t>(kv.num_rows()), static_cast<std::int32_t>(num_groups - 1));
-      for (std::size_t j = 0; j < groups->chunks.size(); ++j)
-        for (std::int64_t r = groups->chunks[j].range.begin; r < groups->chunks[j].range.end; ++r)
-          group_of_row[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(j);
-    }
-
-    RowMatrix x, q, k, v, att, tmp, gate, up;
+    RowMatrix x, q, k, v, att, tmp, gate, up, q_item, att_item;
     std::vector<float> panels;  // project's dequantized weight panels
     std::vector<float> k_dev, v_dev, query_mass;
     LayerAttention stats;
+    TokenSet next;
     for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-      if (before_layer != nullptr) (*before_layer)(l);
+      bool dropped = false;
+      for (std::size_t it = 0; it < n_items; ++it) {
+        if (!act[it].live) continue;
+        items[it].status = hooks.before_layer(it, l);
+        if (items[it].status == Status::success) continue;
+        act[it].live = false;
+        dropped = true;
+      }
+      if (dropped) {
+        std::vector<std::vector<std::int64_t>> keep(n_items);
+        for (std::size_t it = 0; it < n_items; ++it) {
+          if (!act[it].live) {
+            act[it].sel.clear();
+            continue;
+          }
+          keep[it].resize(act[it].sel.size());
+          std::iota(keep[it].begin(), keep[it].end(), std::int64_t{0});
+        }
+        regather(keep);
+      }
+      if (h.rows() == 0) break;  // every item left the step
       const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(l)];
       rms_norm(h, w.attn_norm, x);
       project(x, w.wq, q, panels);
@@ -674,41 +813,90 @@ class CpuLlama {
         rms_norm_heads(k, config_.n_head_kv, w.attn_k_norm);
       }
       const std::size_t kind = config_.is_local(l) ? 1 : 0;
-      for (std::int64_t i = 0; i < s; ++i) {
-        const float* c = cos_t[kind].data() + origin[static_cast<std::size_t>(i)] * pairs;
-        const float* sn = sin_t[kind].data() + origin[static_cast<std::size_t>(i)] * pairs;
-        for (std::int64_t head = 0; head < config_.n_head; ++head)
-          detail::rope_rotate_head(q.row(i).data() + head * hd, hd, pairing, c, sn);
-        for (std::int64_t head = 0; head < config_.n_head_kv; ++head)
-          detail::rope_rotate_head(k.row(i).data() + head * hd, hd, pairing, c, sn);
-      }
-      if (policy != nullptr) {  // CacheBlend section 4.1: deviation of the recomputed K / V from the cached rows
-        k_dev.resize(static_cast<std::size_t>(s));
-        v_dev.resize(static_cast<std::size_t>(s));
+      att.resize(h.rows(), config_.q_dim());
+      std::vector<std::vector<std::int64_t>> keep(n_items);
+      bool changed = false;
+      for (std::size_t it = 0; it < n_items; ++it) {
+        Active& a = act[it];
+        if (!a.live) continue;
+        BatchItem& item = items[it];
+        LlamaKVCache& kv = *item.kv;
+        const auto s = static_cast<std::int64_t>(a.sel.size());
         for (std::int64_t i = 0; i < s; ++i) {
-          const std::int64_t row = sel[static_cast<std::size_t>(i)];
-          k_dev[static_cast<std::size_t>(i)] =
-              detail::kv_row_deviation(k.row(i).data(), kv.k_row(l, row), config_.n_head_kv, hd);
-          v_dev[static_cast<std::size_t>(i)] =
-              detail::kv_row_deviation(v.row(i).data(), kv.v_row(l, row), config_.n_head_kv, hd);
+          const float* c = a.cos_t[kind].data() + a.origin[static_cast<std::size_t>(i)] * pairs;
+          const float* sn = a.sin_t[kind].data() + a.origin[static_cast<std::size_t>(i)] * pairs;
+          for (std::int64_t head = 0; head < config_.n_head; ++head)
+            detail::rope_rotate_head(q.row(a.offset + i).data() + head * hd, hd, pairing, c, sn);
+          for (std::int64_t head = 0; head < config_.n_head_kv; ++head)
+            detail::rope_rotate_head(k.row(a.offset + i).data() + head * hd, hd, pairing, c, sn);
         }
+        if (item.needs.deviation) {  // CacheBlend section 4.1: deviation of the recomputed K / V from the cached rows
+          k_dev.resize(static_cast<std::size_t>(s));
+          v_dev.resize(static_cast<std::size_t>(s));
+          for (std::int64_t i = 0; i < s; ++i) {
+            const std::int64_t row = a.sel[static_cast<std::size_t>(i)];
+            k_dev[static_cast<std::size_t>(i)] =
+                detail::kv_row_deviation(k.row(a.offset + i).data(), kv.k_row(l, row), config_.n_head_kv, hd);
+            v_dev[static_cast<std::size_t>(i)] =
+                detail::kv_row_deviation(v.row(a.offset + i).data(), kv.v_row(l, row), config_.n_head_kv, hd);
+          }
+        } else {
+          k_dev.clear();
+          v_dev.clear();
+        }
+        for (std::int64_t i = 0; i < s; ++i) {
+          const std::int64_t row = a.sel[static_cast<std::size_t>(i)];
+          std::copy_n(k.row(a.offset + i).data(), k.cols(), kv.k_row(l, row));
+          std::copy_n(v.row(a.offset + i).data(), v.cols(), kv.v_row(l, row));
+        }
+        const TokenRange query_rows = item.needs.query;
+        TokenRange query{};  // the entries of sel that are query rows (sel is sorted: one run)
+        if (!query_rows.empty()) {
+          query = {std::lower_bound(a.sel.begin(), a.sel.end(), query_rows.begin) - a.sel.begin(),
+                   std::lower_bound(a.sel.begin(), a.sel.end(), query_rows.end) - a.sel.begin()};
+          detail::require(query.size() == query_rows.size(),
+                          "CpuLlama::forward: layer {} computes {} of the query rows {}; their attention mass "
+                          "needs all of them",
+                          l, query.size(), query_rows);
+        }
+        const bool with_stats = item.needs.groups != nullptr;
+        q_item = q.middleRows(a.offset, s);
+        attention(l, kv, a.sel, q_item, att_item, with_stats ? &a.group_of_row : nullptr, a.num_groups,
+                  with_stats ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass);
+        att.middleRows(a.offset, s) = att_item;
+        item.selected_per_layer.push_back(s);
+        if (!item.needs.after_layer) continue;
+        next.clear();
+        item.status = hooks.after_layer(
+            it, LayerReport{l, a.sel, k_dev, v_dev, with_stats ? &stats : nullptr,
+                            query_rows.empty() ? std::span<const float>{} : std::span<const float>(query_mass)},
+            next);
+        if (item.status != Status::success) {
+          a.live = false;
+          changed = true;
+          continue;
+        }
+        if (l + 1 == config_.n_layer || next.empty() || next == a.sel) continue;  // S_L is not used
+        check_selection(next, kv.num_rows(), "CpuLlama::forward: policy result");
+        detail::require(!item.want_logits || next.back() == item.rows.back(),
+                        "CpuLlama::forward: the policy dropped the last row {} after layer {}", item.rows.back(), l);
+        // S_{l+1} ⊆ S_l: the entries of S_l kept.
+        std::vector<std::int64_t>& kept = keep[it];
+        std::vector<std::int64_t> kept_origin(next.size());
+        std::size_t j = 0;
+        for (std::size_t i = 0; i < next.size(); ++i) {
+          while (j < a.sel.size() && a.sel[j] < next[i]) ++j;
+          detail::require(j < a.sel.size() && a.sel[j] == next[i],
+                          "CpuLlama::forward: the policy selected row {} after layer {}, which layer {} did not "
+                          "compute (S_{{l+1}} must be a subset of S_l)",
+                          next[i], l, l);
+          kept.push_back(static_cast<std::int64_t>(j));
+          kept_origin[i] = a.origin[j];
+        }
+        a.origin = std::move(kept_origin);
+        a.sel = next;
+        changed = true;
       }
-      for (std::int64_t i = 0; i < s; ++i) {
-        const std::int64_t row = sel[static_cast<std::size_t>(i)];
-        std::copy_n(k.row(i).data(), k.cols(), kv.k_row(l, row));
-        std::copy_n(v.row(i).data(), v.cols(), kv.v_row(l, row));
-      }
-      TokenRange query{};  // the entries of sel that are query rows (sel is sorted: one run)
-      if (!query_rows.empty()) {
-        query = {std::lower_bound(sel.begin(), sel.end(), query_rows.begin) - sel.begin(),
-                 std::lower_bound(sel.begin(), sel.end(), query_rows.end) - sel.begin()};
-        detail::require(query.size() == query_rows.size(),
-                        "CpuLlama::partial_prefill: layer {} computes {} of the query rows {}; their attention mass "
-                        "needs all of them",
-                        l, query.size(), query_rows);
-      }
-      attention(l, kv, sel, q, att, groups != nullptr ? &group_of_row : nullptr, num_groups,
-                groups != nullptr ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass);
       project(att, w.wo, tmp, panels);
       if (gemma3) {
         rms_norm(tmp, w.attn_post_norm, att);
@@ -731,50 +919,40 @@ class CpuLlama {
       } else {
         h += tmp;
       }
-      if (sizes != nullptr) sizes->push_back(s);
-
-      if (policy == nullptr) continue;
-      TokenSet next = (*policy)(LayerReport{l, sel, k_dev, v_dev, groups != nullptr ? &stats : nullptr, query_mass});
-      if (l + 1 == config_.n_layer) break;  // the policy sees the last layer's statistics; S_L is not used
-      check_selection(next, kv.num_rows(), "CpuLlama::partial_prefill: policy result");
-      detail::require(!want_logits || (!next.empty() && next.back() == logits_row),
-                      "CpuLlama::partial_prefill: the policy dropped the last row {} after layer {}", logits_row, l);
-      // S_{l+1} ⊆ S_l: gather the hidden states of the kept rows.
-      RowMatrix kept(static_cast<Eigen::Index>(next.size()), e);
-      std::vector<std::int64_t> kept_origin(next.size());
-      std::size_t j = 0;
-      for (std::size_t i = 0; i < next.size(); ++i) {
-        while (j < sel.size() && sel[j] < next[i]) ++j;
-        detail::require(j < sel.size() && sel[j] == next[i],
-                        "CpuLlama::partial_prefill: the policy selected row {} after layer {}, which layer {} did not "
-                        "compute (S_{{l+1}} must be a subset of S_l)",
-                        next[i], l, l);
-        kept.row(static_cast<Eigen::Index>(i)) = h.row(static_cast<Eigen::Index>(j));
-        kept_origin[i] = origin[j];
+      if (!changed || l + 1 == config_.n_layer) continue;
+      for (std::size_t it = 0; it < n_items; ++it) {  // rows of items whose set did not change are all kept
+        if (!act[it].live) {
+          act[it].sel.clear();
+          keep[it].clear();
+        } else if (keep[it].empty()) {
+          keep[it].resize(act[it].sel.size());
+          std::iota(keep[it].begin(), keep[it].end(), std::int64_t{0});
+        }
       }
-      h = std::move(kept);
-      origin = std::move(kept_origin);
-      sel = std::move(next);
-      s = static_cast<std::int64_t>(sel.size());
+      regather(keep);
     }
-    if (!want_logits) return {};
 
-    RowMatrix last = h.row(s - 1);
-    rms_norm(last, weights_.output_norm, x);
     const WeightMatrix& head = weights_.output_head();
-    std::vector<float> logits(static_cast<std::size_t>(config_.n_vocab));
-    const std::int64_t tasks = tasks_for(head.size(), config_.n_vocab / 256);
-    pool_->parallel_for(tasks, [&](std::int64_t t) {
-      const std::int64_t r0 = config_.n_vocab * t / tasks;
-      const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
-      matvec_rows(head, r0, r1, x.data(), logits.data() + r0);
-    });
-    if (config_.final_logit_softcap > 0) {
-      const auto cap = static_cast<float>(config_.final_logit_softcap);
-      for (float& z : logits) z = detail::softcap(z, cap);
+    for (std::size_t it = 0; it < n_items; ++it) {
+      BatchItem& item = items[it];
+      if (!act[it].live || !item.want_logits) continue;
+      RowMatrix last = h.row(act[it].offset + static_cast<std::int64_t>(act[it].sel.size()) - 1);
+      rms_norm(last, weights_.output_norm, x);
+      item.logits.resize(static_cast<std::size_t>(config_.n_vocab));
+      const std::int64_t tasks = tasks_for(head.size(), config_.n_vocab / 256);
+      pool_->parallel_for(tasks, [&](std::int64_t t) {
+        const std::int64_t r0 = config_.n_vocab * t / tasks;
+        const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
+        matvec_rows(head, r0, r1, x.data(), item.logits.data() + r0);
+      });
+      if (config_.final_logit_softcap > 0) {
+        const auto cap = static_cast<float>(config_.final_logit_softcap);
+        for (float& z : item.logits) z = detail::softcap(z, cap);
+      }
     }
-    return logits;
   }
+
+ private:
 
   // XXH3 over the config and every byte of every weight tensor as held (with its type and shape).
   [[nodiscard]] std::uint64_t compute_fingerprint() const noexcept {

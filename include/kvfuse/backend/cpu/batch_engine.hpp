@@ -1,0 +1,467 @@
+#pragma once
+// CpuBatchEngine: the reference CPU backend as a serving engine that owns its step loop — continuous batching of
+// many requests, each step one ragged batch through CpuLlama::forward (the rows of every request concatenated into
+// one matrix product per weight, attention per request over its own KV), kvfuse's fusion methods through the
+// request-keyed hooks of FusionConnector (fusion/connector.hpp), exactly as a GPU engine would call them.
+//
+// A step (step()): new requests are planned (FusionConnector::plan, no side effects) and their loads started;
+// Cake's TokenBudgetScheduler splits the token budget — one row to every decoding request first, then prefills in
+// arrival order: a full-prefill request takes the budget in chunks (chunked prefill), a fusion request's partial
+// prefill (|S_0| rows; its S_l shrink on later layers) runs whole in one step, when the budget left holds it or
+// nothing else is in the step. Reused chunks without a stored chunk cache are computed in context for the request
+// and, in the same batch, alone at position 0 (CacheBlend's chunk cache), saved asynchronously for later requests.
+// The step whose prefill computes a prompt's last row samples the first token; each later step one more.
+// Requests arrive (submit) and leave (finish, cancel) between steps; a finished request frees its KV.
+//
+// Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
+// (FusionConnector::recover: those chunks are computed instead) and it prefills again in a later step; the other
+// requests of the batch are not touched. Bad input is refused at submit with a kvfuse::error naming it (code
+// beyond_context for a prompt plus max_tokens beyond the model's context).
+//
+// The first token's logits of a request equal those of FusionPipeline::run of the same prompt and method over the
+// same store contents, bit for bit, batched or alone (CpuLlama::forward's rows do not see each other).
+//
+// Thread safety: submit and cancel from any thread; step and idle from one thread (the engine's loop).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kvfuse/backend/cpu/llama.hpp"
+#include "kvfuse/backend/cpu_llama.hpp"
+#include "kvfuse/core/error.hpp"
+#include "kvfuse/core/keys.hpp"
+#include "kvfuse/core/status.hpp"
+#include "kvfuse/fusion/connector.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/schedule/token_budget_scheduler.hpp"
+
+namespace kvfuse {
+
+struct GenerationRequest {
+  std::vector<token_id> tokens;         // the prompt
+  PromptLayout layout;                  // its chunks (reusable anywhere) and query; covers every token
+  FusionMethod method = FullRecompute{};
+  std::int64_t max_new_tokens = 16;
+  std::vector<token_id> stop_tokens;    // generation ends at one of these (not returned)
+  double temperature = 0.0;             // 0: greedy; > 0: sampled from softmax(logits / temperature)
+  std::uint64_t seed = 0;               // of the sampler (temperature > 0)
+};
+
+enum class FinishReason { none, length, stop, cancelled, error };
+
+// What kvfuse did for a request, reported when it finishes.
+struct RequestMetrics {
+  std::string method;
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+  std::int64_t loaded_tokens = 0;      // prompt rows whose KV came from the store
+  double recomputed_rows = 0.0;        // Σ_l |S_l| / L: prompt rows recomputed, averaged over the layers
+  double ttft_ms = 0.0;                // submit -> first token
+  std::int64_t restarts = 0;           // prefills run again after a failed read
+};
+
+struct TokenEvent {
+  std::uint64_t request = 0;
+  std::optional<token_id> token;       // a new token of the request
+  FinishReason finish = FinishReason::none;
+  Status status = Status::success;     // of a request that ended in error
+  std::string error;
+  RequestMetrics metrics;              // when finish != none
+};
+
+struct StepStats {
+  std::int64_t decode_rows = 0;
+  std::int64_t prefill_rows = 0;       // |S_0| of the step's prefills (chunk caches included)
+  std::int64_t items = 0;              // requests (and chunk caches) in the batch
+  double step_ms = 0.0;
+  double hook_ms = 0.0;                // inside kvfuse's per-layer hooks: installing loaded layers, the policies
+  double wait_ms = 0.0;                // waiting in the hooks for a layer still being read (visible load time)
+};
+
+struct BatchEngineConfig {
+  TokenBudgetConfig budget{};          // Cake's token budget per step
+  ConnectorConfig connector{};
+  std::size_t max_running = 64;        // requests admitted at once (the rest queue)
+
+  void validate() const {
+    budget.validate();
+    connector.validate();
+    detail::require(max_running >= 1, "BatchEngineConfig: max_running = {} must be >= 1", max_running);
+  }
+};
+
+template <RangedKVStore Store>
+class CpuBatchEngine {
+ public:
+  CpuBatchEngine(const CpuLlama& model, Store& store, BatchEngineConfig config = {})
+      : model_(&model),
+        config_((config.validate(), config)),
+        scheduler_(config.budget),
+        connector_(store, shape_of(model), config.connector) {}
+
+  [[nodiscard]] FusionConnector<Store>& connector() noexcept { return connector_; }
+  [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
+
+  // Queues a request; returns its id. Throws kvfuse::error naming a bad field.
+  std::uint64_t submit(GenerationRequest request) {
+    check_prompt(request.tokens, request.layout, "CpuBatchEngine::submit");
+    detail::require(request.max_new_tokens >= 1, "CpuBatchEngine::submit: max_new_tokens = {} must be >= 1",
+                    request.max_new_tokens);
+    detail::require(std::isfinite(request.temperature) && request.temperature >= 0.0,
+                    "CpuBatchEngine::submit: temperature = {} must be finite and >= 0", request.temperature);
+    const std::int64_t context = model_->config().context_length;
+    const auto need = static_cast<std::int64_t>(request.tokens.size()) + request.max_new_tokens;
+    detail::require_code(context == 0 || need <= context, Status::beyond_context,
+                         "CpuBatchEngine::submit: {} prompt tokens + max_new_tokens {} = {} exceed the model's "
+                         "context of {} tokens",
+                         request.tokens.size(), request.max_new_tokens, need, context);
+    for (std::size_t i = 0; i < request.tokens.size(); ++i)
+      detail::require(request.tokens[i] >= 0 && request.tokens[i] < model_->config().n_vocab,
+                      "CpuBatchEngine::submit: token {} at index {} is outside the vocabulary [0, {})",
+                      request.tokens[i], i, model_->config().n_vocab);
+    std::lock_guard lock(inbox_mutex_);
+    const std::uint64_t id = next_id_++;
+    inbox_.emplace_back(id, std::move(request), Clock::now());
+    return id;
+  }
+
+  // Cancels a request (a client went away): it leaves at the next step with FinishReason::cancelled, its KV freed.
+  void cancel(std::uint64_t request) {
+    std::lock_guard lock(inbox_mutex_);
+    cancelled_.insert(request);
+  }
+
+  // Whether nothing is queued or running.
+  [[nodiscard]] bool idle() const {
+    std::lock_guard lock(inbox_mutex_);
+    return inbox_.empty() && running_.empty() && waiting_.empty();
+  }
+
+  [[nodiscard]] const StepStats& last_step() const noexcept { return stats_; }
+
+  // One engine step (see the header comment); the tokens and finishes it produced.
+  std::vector<TokenEvent> step() {
+    const auto t0 = Clock::now();
+    stats_ = {};
+    std::vector<TokenEvent> events;
+    admit(events);
+
+    // Cake's token budget: decodes first, then prefills in arrival order.
+    std::vector<std::uint64_t> decodes;
+    std::vector<PrefillRequest> prefills;
+    for (const auto& [id, r] : running_) {
+      if (r->phase == Phase::decode) decodes.push_back(id);
+    }
+    for (std::uint64_t id : arrival_) {
+      Running& r = *running_.at(id);
+      if (r.phase == Phase::prefill) prefills.push_back({id, r.prefill_cost(), false});
+    }
+    const StepPlan plan = scheduler_.plan_step(decodes, prefills);
+
+    items_.clear();
+    roles_.clear();
+    std::vector<std::vector<token_id>> chunk_tokens;  // chunk caches computed in this step
+    std::vector<std::unique_ptr<LlamaKVCache>> chunk_kv;
+    std::vector<KVKey> chunk_keys;
+    bool prefill_in_step = false;
+    for (const BudgetAllocation& a : plan.allocations) {
+      Running& r = *running_.at(a.id);
+      if (a.use == BudgetUse::decode) {
+        BatchItem item;
+        item.kv = &r.fusion.kv();
+        item.rows = model_->append_rows(r.fusion.kv(), std::span<const token_id>(&r.last, 1));
+        item.tokens = std::span<const token_id>(&r.last, 1);
+        items_.push_back(std::move(item));
+        roles_.push_back({a.id, Role::decode});
+        ++stats_.decode_rows;
+        continue;
+      }
+      if (r.is_full()) {  // chunked prefill of rows [prefilled, prefilled + tokens)
+        const TokenRange rows{r.prefilled, r.prefilled + a.tokens};
+        BatchItem item;
+        item.kv = &r.fusion.kv();
+        append_range(item.rows, rows);
+        item.tokens = slice(r.request.tokens, rows);
+        item.want_logits = rows.end == r.num_tokens();
+        items_.push_back(std::move(item));
+        roles_.push_back({a.id, Role::chunked});
+        stats_.prefill_rows += rows.size();
+        prefill_in_step = true;
+        continue;
+      }
+      if (a.tokens < r.prefill_cost() && prefill_in_step) continue;  // runs whole, in a later step
+      prefill_in_step = true;
+      for (const ChunkPlan& c : r.plan.chunks) {  // reused chunks the store lacks: their chunk caches, alone
+        const std::size_t j = static_cast<std::size_t>(&c - r.plan.chunks.data());
+        if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || c.range.empty()) continue;
+        const auto tokens = slice(r.request.tokens, c.range);
+        const KVKey key = chunk_cache_key(model_->fingerprint(), tokens);
+        if (saving_.count(key.content) != 0 || std::find(chunk_keys.begin(), chunk_keys.end(), key) != chunk_keys.end())
+          continue;
+        chunk_keys.push_back(key);
+        chunk_tokens.emplace_back(tokens.begin(), tokens.end());
+        chunk_kv.push_back(std::make_unique<LlamaKVCache>(model_->config().n_layer, model_->config().kv_dim(), c.range.size()));
+      }
+      BatchItem item;
+      item.kv = &r.fusion.kv();
+      item.rows = r.plan.initial;
+      r.initial_tokens.resize(item.rows.size());
+      for (std::size_t i = 0; i < item.rows.size(); ++i)
+        r.initial_tokens[i] = r.request.tokens[static_cast<std::size_t>(item.rows[i])];
+      item.tokens = r.initial_tokens;
+      const StatisticsNeeds& needs = r.plan.statistics;
+      item.needs = {r.plan.per_layer, needs.k_deviation || needs.v_deviation,
+                    needs.chunk_mass || needs.self_mass ? &r.plan.layout : nullptr,
+                    needs.query_mass ? r.plan.layout.query : TokenRange{}};
+      items_.push_back(std::move(item));
+      roles_.push_back({a.id, Role::fusion});
+      stats_.prefill_rows += static_cast<std::int64_t>(r.plan.initial.size());
+    }
+    for (std::size_t c = 0; c < chunk_kv.size(); ++c) {
+      BatchItem item;
+      item.kv = chunk_kv[c].get();
+      append_range(item.rows, {0, chunk_kv[c]->num_rows()});
+      item.tokens = chunk_tokens[c];
+      item.want_logits = false;
+      items_.push_back(std::move(item));
+      roles_.push_back({0, Role::chunk_cache});
+      stats_.prefill_rows += chunk_kv[c]->num_rows();
+    }
+    stats_.items = static_cast<std::int64_t>(items_.size());
+
+    if (!items_.empty()) {
+      Hooks hooks{*this};
+      model_->forward(items_, hooks);
+    }
+    for (std::size_t c = 0; c < chunk_kv.size(); ++c) {  // asynchronous puts of the new chunk caches
+      saving_.insert(chunk_keys[c].content);
+      KVBlock block = chunk_kv[c]->to_block({0, chunk_kv[c]->num_rows()});
+      connector_.save(chunk_keys[c], std::move(block));
+    }
+    for (const SaveResult& s : connector_.finished_saves()) saving_.erase(s.key.content);
+
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      const Role& role = roles_[i];
+      if (role.kind == Role::chunk_cache) continue;
+      Running& r = *running_.at(role.id);
+      BatchItem& item = items_[i];
+      if (role.kind == Role::fusion && item.status != Status::success) {  // a failed read: its chunks computed
+        r.plan = connector_.recover(role.id, r.request.method);
+        r.fusion.begin(r.request.tokens);
+        ++r.metrics.restarts;
+        if (const Status s = connector_.start(r.plan, r.request.method); s != Status::success) {
+          fail(r, s, last_status_message(), events);
+        }
+        continue;
+      }
+      if (role.kind == Role::chunked) {
+        r.prefilled += static_cast<std::int64_t>(item.rows.size());
+        for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
+        if (!item.want_logits) continue;
+      }
+      if (role.kind == Role::fusion) {
+        for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
+        connector_.finish(role.id);
+      }
+      if (r.phase == Phase::prefill) {
+        r.phase = Phase::decode;
+        r.metrics.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - r.submitted).count();
+        r.metrics.recomputed_rows = static_cast<double>(r.selected_rows) / static_cast<double>(model_->config().n_layer);
+      }
+      emit(r, sample(r, item.logits), events);
+    }
+    std::erase_if(arrival_, [this](std::uint64_t id) { return running_.at(id)->phase == Phase::done; });
+    std::erase_if(running_, [](const auto& kv) { return kv.second->phase == Phase::done; });
+    stats_.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    return events;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Phase { prefill, decode, done };
+
+  struct Running {
+    Running(const CpuLlama& model, std::uint64_t request_id, GenerationRequest r, Clock::time_point t)
+        : id(request_id), request(std::move(r)), fusion(model), rng(request.seed), submitted(t) {}
+    std::uint64_t id;
+    GenerationRequest request;
+    CpuLlamaFusion fusion;             // the request's KV
+    FusionPlan plan;
+    Phase phase = Phase::prefill;
+    std::int64_t prefilled = 0;        // full prefill: rows computed so far
+    std::vector<token_id> initial_tokens;
+    std::mt19937_64 rng;
+    token_id last = 0;
+    std::int64_t selected_rows = 0;
+    Clock::time_point submitted;
+    RequestMetrics metrics;
+
+    [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(request.tokens.size()); }
+    [[nodiscard]] bool is_full() const noexcept { return std::holds_alternative<FullRecompute>(request.method); }
+    [[nodiscard]] std::int64_t prefill_cost() const noexcept {
+      return is_full() ? num_tokens() - prefilled : static_cast<std::int64_t>(plan.initial.size());
+    }
+  };
+
+  struct Role {
+    std::uint64_t id = 0;
+    enum Kind { decode, chunked, fusion, chunk_cache } kind = decode;
+  };
+
+  // The engine's side of the per-layer hooks: fusion items wait for their loaded layer and install it, and hand
+  // their statistics to the connector's policy; every other item passes.
+  struct Hooks final : StepHooks {
+    CpuBatchEngine& e;
+    explicit Hooks(CpuBatchEngine& engine) : e(engine) {}
+    Status before_layer(std::size_t item, std::int64_t layer) override {
+      const Role& role = e.roles_[item];
+      if (role.kind != Role::fusion) return Status::success;
+      const auto t0 = Clock::now();
+      const LayerLoad load = e.connector_.wait_for_layer(role.id, layer);
+      const auto t1 = Clock::now();
+      e.stats_.wait_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+      if (load.status != Status::success) return load.status;
+      CpuLlamaFusion& fusion = e.running_.at(role.id)->fusion;
+      Status status = Status::success;
+      try {
+        for (const LayerPiece& p : load.pieces) {
+          fusion.load_layer_rows(layer, p.rows, p.bytes, p.stored_first_position);
+          if (p.rows.begin != p.stored_first_position)
+            fusion.shift_layer_rows(layer, p.rows, p.rows.begin - p.stored_first_position);
+        }
+      } catch (const error& e2) {
+        status = refuse(Status::corrupt_entry, "CpuBatchEngine: request %llu, layer %lld: %s",
+                        static_cast<unsigned long long>(role.id), static_cast<long long>(layer), e2.what());
+      }
+      e.stats_.hook_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+      return status;
+    }
+    Status after_layer(std::size_t item, const LayerReport& report, TokenSet& next) override {
+      const auto t0 = Clock::now();
+      const Status s = e.connector_.after_layer(e.roles_[item].id, report, next);
+      e.stats_.hook_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      return s;
+    }
+  };
+
+  static EngineShape shape_of(const CpuLlama& model) {
+    const CpuLlamaFusion probe(model);
+    return {probe.model_fingerprint(), probe.num_layers(), probe.layer_bytes(1)};
+  }
+
+  // New requests planned and started (up to max_running), cancellations applied.
+  void admit(std::vector<TokenEvent>& events) {
+    std::set<std::uint64_t> cancelled;
+    {
+      std::lock_guard lock(inbox_mutex_);
+      for (auto& entry : inbox_) waiting_.push_back(std::move(entry));
+      inbox_.clear();
+      cancelled.swap(cancelled_);
+    }
+    for (std::uint64_t id : cancelled) {
+      std::erase_if(waiting_, [&](const Waiting& w) {
+        if (std::get<0>(w) != id) return false;
+        events.push_back({id, std::nullopt, FinishReason::cancelled, Status::cancelled, "cancelled", {}});
+        return true;
+      });
+      if (const auto it = running_.find(id); it != running_.end() && it->second->phase != Phase::done) {
+        connector_.finish(id);
+        it->second->phase = Phase::done;
+        events.push_back({id, std::nullopt, FinishReason::cancelled, Status::cancelled, "cancelled", it->second->metrics});
+      }
+    }
+    std::erase_if(arrival_, [this](std::uint64_t id) { return running_.at(id)->phase == Phase::done; });
+    std::erase_if(running_, [](const auto& kv) { return kv.second->phase == Phase::done; });
+    while (!waiting_.empty() && running_.size() < config_.max_running) {
+      auto [id, request, submitted] = std::move(waiting_.front());
+      waiting_.erase(waiting_.begin());
+      auto r = std::make_unique<Running>(*model_, id, std::move(request), submitted);
+      r->metrics.method = method_name(r->request.method);
+      r->metrics.prompt_tokens = r->num_tokens();
+      r->fusion.begin(r->request.tokens);
+      Running& ref = *r;
+      running_.emplace(id, std::move(r));
+      arrival_.push_back(id);
+      if (ref.is_full()) continue;
+      try {
+        ref.plan = connector_.plan(id, ref.request.tokens, ref.request.layout, ref.request.method);
+      } catch (const error& e) {
+        fail(ref, e.code(), e.what(), events);
+        continue;
+      }
+      for (const ChunkPlan& c : ref.plan.chunks)
+        if (c.source != KVSource::compute) ref.metrics.loaded_tokens += c.range.size();
+      if (const Status s = connector_.start(ref.plan, ref.request.method); s != Status::success)
+        fail(ref, s, last_status_message(), events);
+    }
+  }
+
+  void fail(Running& r, Status s, std::string why, std::vector<TokenEvent>& events) {
+    connector_.finish(r.id);
+    r.phase = Phase::done;
+    events.push_back({r.id, std::nullopt, FinishReason::error, s, std::move(why), r.metrics});
+  }
+
+  // The next token from `logits`: greedy at temperature 0, else sampled from softmax(logits / T).
+  token_id sample(Running& r, std::span<const float> logits) {
+    if (r.request.temperature == 0.0) return argmax_token(logits);
+    const float top = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> weights(logits.size());
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      weights[i] = std::exp((static_cast<double>(logits[i]) - top) / r.request.temperature);
+    std::discrete_distribution<token_id> pick(weights.begin(), weights.end());
+    return pick(r.rng);
+  }
+
+  // Records token t of request r: a stop token or the length limit finishes it.
+  void emit(Running& r, token_id t, std::vector<TokenEvent>& events) {
+    const bool stop = std::find(r.request.stop_tokens.begin(), r.request.stop_tokens.end(), t) !=
+                      r.request.stop_tokens.end();
+    TokenEvent ev{r.id, std::nullopt, FinishReason::none, Status::success, {}, {}};
+    if (!stop) {
+      ev.token = t;
+      r.last = t;
+      ++r.metrics.completion_tokens;
+    }
+    if (stop || r.metrics.completion_tokens == r.request.max_new_tokens) {
+      ev.finish = stop ? FinishReason::stop : FinishReason::length;
+      ev.metrics = r.metrics;
+      r.phase = Phase::done;
+    }
+    events.push_back(std::move(ev));
+  }
+
+  using Waiting = std::tuple<std::uint64_t, GenerationRequest, Clock::time_point>;
+
+  const CpuLlama* model_;
+  BatchEngineConfig config_;
+  TokenBudgetScheduler scheduler_;
+  FusionConnector<Store> connector_;
+  mutable std::mutex inbox_mutex_;  // guards inbox_, cancelled_, next_id_
+  std::vector<Waiting> inbox_;
+  std::set<std::uint64_t> cancelled_;
+  std::uint64_t next_id_ = 1;
+  std::vector<Waiting> waiting_;    // admitted when a running slot frees
+  std::map<std::uint64_t, std::unique_ptr<Running>> running_;
+  std::vector<std::uint64_t> arrival_;  // running requests in arrival order
+  std::set<std::uint64_t> saving_;      // chunk caches being saved (key contents)
+  std::vector<BatchItem> items_;        // the step's batch
+  std::vector<Role> roles_;             // what each item is
+  StepStats stats_;
+};
+
+}  // namespace kvfuse
