@@ -15,8 +15,10 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
+#include "kvfuse/model/rag_prompt.hpp"
 
 #include "../support/fusion_prompts.hpp"
+#include "../support/model_path.hpp"
 #include "../support/small_llama.hpp"
 
 using namespace kvfuse;
@@ -159,7 +161,7 @@ TEST_CASE("CpuLlama::forward: a batch of partial prefills gives each request's l
     append_range(items[i].rows, {0, static_cast<std::int64_t>(ps[i].tokens.size())});
     items[i].tokens = ps[i].tokens;
     items[i].needs.after_layer = true;
-    items[i].needs.deviation = true;
+    items[i].needs.k_deviation = true;
   }
   model.forward(items, hooks);
   CHECK(hooks.before == static_cast<std::int64_t>(ps.size()) * model.config().n_layer);
@@ -381,4 +383,37 @@ TEST_CASE("CpuBatchEngine: a cancelled request leaves with its KV freed; bad req
   GenerationRequest hot = request_of(ps[0], "full", 3);
   hot.temperature = -1;
   CHECK_THROWS_WITH_AS(engine.submit(hot), doctest::Contains("temperature = -1"), error);
+}
+
+TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer method equal FusionPipeline alone") {
+  const auto path = kvfuse_test::real_model(/*optimized_only=*/true);
+  if (!path) return;
+  const GGUFFile file = GGUFFile::open(*path);
+  const Tokenizer tok = Tokenizer::from_gguf(file);
+  const CpuLlama model = CpuLlama::from_gguf(file);
+  const std::vector<std::string> passages{
+      "Exeter College is one of the constituent colleges of the University of Oxford in England, founded in 1314.",
+      "Hannibal and Scipio is a 1637 tragedy by Thomas Nabbes, who was educated at Exeter College, Oxford.",
+      "The Southern Maryland Electric Cooperative is headquartered in Hughesville, in Charles County, Maryland."};
+  std::vector<std::string> reordered{passages[2], passages[0], passages[1]};
+  const std::string system = "Answer the question using the documents, in a few words.";
+  const std::vector<RagPrompt> rag{
+      build_rag_prompt(tok, system, passages, "Where was the author of Hannibal and Scipio educated?"),
+      build_rag_prompt(tok, system, reordered, "Which county is Hughesville in?")};
+  std::vector<Prompt> ps;
+  for (const RagPrompt& r : rag) ps.push_back({r.tokens, r.layout()});
+  ProbeStore store;
+  {
+    CpuLlamaFusion engine(model);
+    FusionPipeline pipeline(engine, store);
+    for (const Prompt& p : ps) pipeline.store_chunk_caches(p.tokens, p.layout);
+  }
+  for (const std::string method : {"naive", "cacheblend", "attnlink"}) {
+    CAPTURE(method);
+    CpuBatchEngine<ProbeStore> engine(model, store);
+    const auto got = serve(engine, {{0, request_of(ps[0], method, 4)}, {0, request_of(ps[1], method, 4)}});
+    CHECK(got.at(1) == alone_by_pipeline(model, store, ps[0], method, 4));
+    CHECK(got.at(2) == alone_by_pipeline(model, store, ps[1], method, 4));
+    MESSAGE(method << ": " << tok.decode(got.at(1), false) << " | " << tok.decode(got.at(2), false));
+  }
 }

@@ -224,7 +224,7 @@ class CpuBatchEngine {
         r.initial_tokens[i] = r.request.tokens[static_cast<std::size_t>(item.rows[i])];
       item.tokens = r.initial_tokens;
       const StatisticsNeeds& needs = r.plan.statistics;
-      item.needs = {r.plan.per_layer, needs.k_deviation || needs.v_deviation,
+      item.needs = {r.plan.per_layer, needs.k_deviation, needs.v_deviation,
                     needs.chunk_mass || needs.self_mass ? &r.plan.layout : nullptr,
                     needs.query_mass ? r.plan.layout.query : TokenRange{}};
       items_.push_back(std::move(item));

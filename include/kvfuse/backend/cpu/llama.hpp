@@ -109,7 +109,8 @@ struct CpuLlamaOptions {
 // What the forward pass computes for an item besides its rows' KV, so nothing is computed that nobody reads.
 struct LayerNeeds {
   bool after_layer = false;              // call StepHooks::after_layer after every layer (a per-layer policy)
-  bool deviation = false;                // LayerReport::k_deviation / v_deviation (CacheBlend §4.1)
+  bool k_deviation = false;              // LayerReport::k_deviation (CacheBlend §4.1)
+  bool v_deviation = false;              // LayerReport::v_deviation
   const PromptLayout* groups = nullptr;  // LayerReport::attention over these groups (chunk mass, self mass)
   TokenRange query{};                    // LayerReport::query_mass of these rows (QueryAware)
 };
@@ -671,7 +672,7 @@ class CpuLlama {
     item.rows = std::move(sel);
     item.tokens = sel_tokens;
     item.want_logits = want_logits;
-    item.needs = {policy != nullptr, policy != nullptr, groups, query_rows};
+    item.needs = {policy != nullptr, policy != nullptr, policy != nullptr, groups, query_rows};
     forward(std::span<BatchItem>(&item, 1), adapter);
     if (sizes != nullptr) sizes->insert(sizes->end(), item.selected_per_layer.begin(), item.selected_per_layer.end());
     return std::move(item.logits);
@@ -830,20 +831,15 @@ class CpuLlama {
           for (std::int64_t head = 0; head < config_.n_head_kv; ++head)
             detail::rope_rotate_head(k.row(a.offset + i).data() + head * hd, hd, pairing, c, sn);
         }
-        if (item.needs.deviation) {  // CacheBlend section 4.1: deviation of the recomputed K / V from the cached rows
-          k_dev.resize(static_cast<std::size_t>(s));
-          v_dev.resize(static_cast<std::size_t>(s));
-          for (std::int64_t i = 0; i < s; ++i) {
-            const std::int64_t row = a.sel[static_cast<std::size_t>(i)];
-            k_dev[static_cast<std::size_t>(i)] =
-                detail::kv_row_deviation(k.row(a.offset + i).data(), kv.k_row(l, row), config_.n_head_kv, hd);
-            v_dev[static_cast<std::size_t>(i)] =
-                detail::kv_row_deviation(v.row(a.offset + i).data(), kv.v_row(l, row), config_.n_head_kv, hd);
-          }
-        } else {
-          k_dev.clear();
-          v_dev.clear();
-        }
+        // CacheBlend section 4.1: deviation of the recomputed K / V from the cached rows, when asked for.
+        k_dev.resize(item.needs.k_deviation ? static_cast<std::size_t>(s) : 0);
+        v_dev.resize(item.needs.v_deviation ? static_cast<std::size_t>(s) : 0);
+        for (std::size_t i = 0; i < k_dev.size(); ++i)
+          k_dev[i] = detail::kv_row_deviation(k.row(a.offset + static_cast<std::int64_t>(i)).data(),
+                                              kv.k_row(l, a.sel[i]), config_.n_head_kv, hd);
+        for (std::size_t i = 0; i < v_dev.size(); ++i)
+          v_dev[i] = detail::kv_row_deviation(v.row(a.offset + static_cast<std::int64_t>(i)).data(),
+                                              kv.v_row(l, a.sel[i]), config_.n_head_kv, hd);
         for (std::int64_t i = 0; i < s; ++i) {
           const std::int64_t row = a.sel[static_cast<std::size_t>(i)];
           std::copy_n(k.row(a.offset + i).data(), k.cols(), kv.k_row(l, row));
