@@ -23,8 +23,8 @@ cd "$root"
 bash scripts/deps.sh >/dev/null
 build=build/demo
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
-  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run -j"$(nproc)" >/dev/null
+  -DKVFUSE_BUILD_BENCH=ON -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
+cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run kvfuse-serve-bench -j"$(nproc)" >/dev/null
 sim="$build/examples/kvfuse-cake-sim"
 
 model=$(bash scripts/fetch_model.sh)
@@ -45,6 +45,17 @@ if [[ -f $data ]]; then
     --methods full,naive,cacheblend,queryaware,queryaware@0.15:0.5,attnlink,cachecraft,cachecraft@0.25
 else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
+fi
+echo
+echo "== Continuous batching: the engine drives, kvfuse plans (kvfuse-serve-bench)"
+if [[ -f $data ]]; then
+  echo "8 MuSiQue requests (3 passages each, drawn Zipf from a pool of 8), Poisson arrivals at 2/s, 8 tokens each:"
+  echo "CacheBlend through kvfuse's request-keyed hooks in CpuBatchEngine vs one request at a time (FusionPipeline)"
+  echo "vs batched full prefill, on the same arrivals"
+  "$build/bench/kvfuse-serve-bench" --model "$model" --data "$data" --requests 8 --rate 2 --method cacheblend \
+    --passages 3 --pool 8 --max-tokens 8 --out "$build/serve-bench"
+  echo "(throughput: generated tokens / makespan; ttft_ms: batched; equal_alone: every batched request's tokens equal"
+  echo " the same request alone; hook_overhead: kvfuse's per-layer time / step time; docs/serving.md: the full run)"
 fi
 echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"

@@ -13,6 +13,7 @@
 #include "kvfuse/model/gguf.hpp"
 #include "kvfuse/model/tokenizer.hpp"
 
+#include "kvfuse/backend/cpu/batch_engine.hpp"
 #include "kvfuse/backend/cpu_llama.hpp"
 
 #include "kvfuse/eval/calibrate.hpp"

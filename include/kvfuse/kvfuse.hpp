@@ -17,6 +17,7 @@
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/hash.hpp"
+#include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/rope.hpp"
 #include "kvfuse/core/status.hpp"
@@ -44,3 +45,4 @@
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/fusion/layer_schedule.hpp"
+#include "kvfuse/fusion/planner.hpp"

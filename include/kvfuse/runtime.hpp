@@ -9,6 +9,7 @@
 #include "kvfuse/kvfuse.hpp"
 
 #include "kvfuse/fusion/composed_request.hpp"
+#include "kvfuse/fusion/connector.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/schedule/serving_loop.hpp"
 #include "kvfuse/schedule/threaded_loader.hpp"

@@ -4,6 +4,7 @@
 //   kv_deviation(args, stream)                      dev[t] = sum_h sum_e (recomputed - cached)^2, fp32
 //   top_k_tokens(args, workspace, bytes, stream)    the k highest scores (ties -> lower index), ascending
 //   top_k_tokens_by_sort(args, workspace, bytes, s) the same set by a full sort: the benchmark baseline
+//   hkvd_select(args, workspace, bytes, stream)     S_{l+1} from S_l by the same top-k (gradual filtering)
 //
 // Arguments, layouts and validation are shared with the CPU references in kvfuse/ref/kv_topk.hpp.
 //
@@ -22,6 +23,12 @@
 // kvfuse::ref::top_k_tokens. Launches: 1 memset + 6 passes + 2 CUB kernels, all on `stream`, no host
 // synchronization and no allocation (CUDA-graph capturable); temporary memory comes from `workspace`, at
 // least top_k_workspace_bytes(num_items) bytes, 256-byte aligned (cudaMalloc's alignment).
+//
+// Gradual filtering (CacheBlend section 4.3, HKVDSelector::select on the device): a kernel ranks the entries of
+// S_l (detail::hkvd_rank_score: the mandatory rows out of the ranking), the radix select above finds the
+// min(keep, |S_l|)-th largest key, a kernel flags the kept entries (detail::hkvd_kept) and a stable
+// compaction (cub::DeviceSelect::Flagged) writes their rows, ascending, and the count. Same determinism and
+// workspace rules as top_k_tokens (hkvd_select_workspace_bytes).
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -248,6 +255,63 @@ inline Status check_workspace(const char* what, void* workspace, std::size_t hav
   return Status::success;
 }
 
+// The radix select of the `k`-th largest key of `scores` (1 <= k <= n) into the RadixState at the start of
+// `base` (then its threshold is valid), with the histograms after it: 1 memset and 6 pass kernels on `stream`.
+inline Status radix_select(const float* scores, std::int64_t n, std::int64_t k, unsigned char* base,
+                           const char* what, cudaStream_t stream) noexcept {
+  auto* state = reinterpret_cast<RadixState*>(base);
+  auto* hist = reinterpret_cast<unsigned*>(base + state_bytes);
+  if (const Status s = from_cuda(cudaMemsetAsync(base, 0, state_bytes + hist_bytes, stream), what);
+      s != Status::success)
+    return s;
+  constexpr std::int64_t per_block = static_cast<std::int64_t>(radix_threads) * radix_items_per_thread;
+  const std::int64_t wanted = (n + per_block - 1) / per_block;
+  const auto blocks = static_cast<unsigned>(wanted < radix_max_blocks ? wanted : radix_max_blocks);
+  for (int pass = 0; pass < kvfuse::detail::radix_passes; ++pass) {
+    radix_pass_kernel<radix_threads><<<blocks, radix_threads, 0, stream>>>(scores, n, static_cast<unsigned>(k), pass,
+                                                                           state, hist);
+    if (const Status s = launch_status("radix_pass_kernel"); s != Status::success) return s;
+  }
+  return Status::success;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Gradual filtering
+
+inline constexpr int hkvd_threads = 256;
+
+// ranked[i]: the score entry i of S_l ranks with (detail::hkvd_rank_score: -inf for a mandatory row).
+__global__ void hkvd_rank_kernel(kvfuse::HKVDSelectArgs a, float* ranked) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * hkvd_threads;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * hkvd_threads + threadIdx.x; i < a.num_current;
+       i += stride)
+    ranked[i] = kvfuse::detail::hkvd_rank_score(a.scores[i], a.mandatory[a.current[i]] != 0);
+}
+
+// flags[i] = 1 when entry i stays in S_{l+1} (detail::hkvd_kept); `threshold` null: no candidate is kept.
+__global__ void hkvd_flag_kernel(kvfuse::HKVDSelectArgs a, const float* ranked, const unsigned long long* threshold,
+                                 std::uint8_t* flags) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * hkvd_threads;
+  const unsigned long long bound = threshold != nullptr ? *threshold : 0ull;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * hkvd_threads + threadIdx.x; i < a.num_current;
+       i += stride)
+    flags[i] = kvfuse::detail::hkvd_kept(a.mandatory[a.current[i]] != 0, kvfuse::detail::top_k_key(ranked[i], i),
+                                         threshold != nullptr, bound)
+                   ? 1
+                   : 0;
+}
+
+// Workspace of hkvd_select: the top-k header (state, histograms) | ranked scores [n] | flags [n] | CUB temp.
+inline std::size_t hkvd_buffers_bytes(std::int64_t n) {
+  return select_header_bytes + round_up(sizeof(float) * static_cast<std::size_t>(n)) +
+         round_up(static_cast<std::size_t>(n));
+}
+
+inline cudaError_t compact_flagged(void* temp, std::size_t& temp_bytes, const kvfuse::HKVDSelectArgs& a,
+                                   const std::uint8_t* flags, cudaStream_t stream) noexcept {
+  return cub::DeviceSelect::Flagged(temp, temp_bytes, a.current, flags, a.next, a.num_next, a.num_current, stream);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Full-sort baseline
 
@@ -313,27 +377,63 @@ inline std::size_t sort_temp_bytes(std::int64_t n, std::int64_t k) {
     return s;
   auto* base = static_cast<unsigned char*>(workspace);
   auto* state = reinterpret_cast<impl::topk::RadixState*>(base);
-  auto* hist = reinterpret_cast<unsigned*>(base + impl::topk::state_bytes);
   auto* count = reinterpret_cast<long long*>(base + impl::topk::state_bytes + impl::topk::hist_bytes);
   void* temp = base + impl::topk::select_header_bytes;
   std::size_t temp_bytes = workspace_bytes - impl::topk::select_header_bytes;
-
-  if (const Status s = from_cuda(cudaMemsetAsync(base, 0, impl::topk::state_bytes + impl::topk::hist_bytes, stream),
-                                 "top_k_tokens: memset");
+  if (const Status s =
+          impl::topk::radix_select(args.scores, args.num_items, args.k, base, "top_k_tokens: memset", stream);
       s != Status::success)
     return s;
-  constexpr std::int64_t per_block =
-      static_cast<std::int64_t>(impl::topk::radix_threads) * impl::topk::radix_items_per_thread;
-  const std::int64_t wanted = (args.num_items + per_block - 1) / per_block;
-  const auto blocks =
-      static_cast<unsigned>(wanted < impl::topk::radix_max_blocks ? wanted : impl::topk::radix_max_blocks);
-  for (int pass = 0; pass < kvfuse::detail::radix_passes; ++pass) {
-    impl::topk::radix_pass_kernel<impl::topk::radix_threads><<<blocks, impl::topk::radix_threads, 0, stream>>>(
-        args.scores, args.num_items, static_cast<unsigned>(args.k), pass, state, hist);
-    if (const Status s = launch_status("radix_pass_kernel"); s != Status::success) return s;
-  }
   return from_cuda(impl::topk::compact_selected(temp, temp_bytes, args, &state->threshold, count, stream),
                    "top_k_tokens: cub::DeviceSelect::If");
+}
+
+// Bytes of workspace hkvd_select needs for an S_l of `num_current` entries (0 if CUB's size query fails).
+[[nodiscard]] inline std::size_t hkvd_select_workspace_bytes(std::int64_t num_current) noexcept {
+  std::size_t temp = 0;
+  kvfuse::HKVDSelectArgs probe;
+  probe.num_current = num_current;
+  if (impl::topk::compact_flagged(nullptr, temp, probe, nullptr, nullptr) != cudaSuccess) return 0;
+  return impl::topk::hkvd_buffers_bytes(num_current) + temp;
+}
+
+// CacheBlend section 4.3 gradual filtering on the device, see kvfuse::HKVDSelectArgs: S_{l+1} = the mandatory
+// rows of S_l and its `keep` candidates of highest score (ties to the lower row, NaN first), written to
+// args.next in ascending order with the count in *args.num_next -- HKVDSelector::select's set, bit-identical
+// to kvfuse::ref::hkvd_select. Trusted, not checked (device data): current ascending within [0, num_rows),
+// candidate scores not negative (an -inf candidate could lose its place to a mandatory row). Launches: 2
+// small kernels + the radix select of top_k_tokens (none when keep = 0) + 2 CUB kernels, all on `stream`.
+[[nodiscard]] inline Status hkvd_select(const kvfuse::HKVDSelectArgs& args, void* workspace,
+                                        std::size_t workspace_bytes, cudaStream_t stream = nullptr) noexcept {
+  if (const Status s = kvfuse::validate(args); s != Status::success) return s;
+  const std::int64_t n = args.num_current;
+  if (n == 0) return from_cuda(cudaMemsetAsync(args.num_next, 0, sizeof(std::int32_t), stream), "hkvd_select: memset");
+  if (const Status s =
+          impl::topk::check_workspace("hkvd_select", workspace, workspace_bytes, hkvd_select_workspace_bytes(n));
+      s != Status::success)
+    return s;
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto* state = reinterpret_cast<impl::topk::RadixState*>(base);
+  auto* ranked = reinterpret_cast<float*>(base + impl::topk::select_header_bytes);
+  auto* flags = reinterpret_cast<std::uint8_t*>(base + impl::topk::select_header_bytes +
+                                                impl::topk::round_up(sizeof(float) * static_cast<std::size_t>(n)));
+  void* temp = base + impl::topk::hkvd_buffers_bytes(n);
+  std::size_t temp_bytes = workspace_bytes - impl::topk::hkvd_buffers_bytes(n);
+
+  const std::int64_t wanted = (n + impl::topk::hkvd_threads - 1) / impl::topk::hkvd_threads;
+  const auto blocks = static_cast<unsigned>(wanted < 4096 ? wanted : 4096);
+  impl::topk::hkvd_rank_kernel<<<blocks, impl::topk::hkvd_threads, 0, stream>>>(args, ranked);
+  if (const Status s = launch_status("hkvd_rank_kernel"); s != Status::success) return s;
+  const std::int64_t k = args.keep < n ? args.keep : n;
+  if (k > 0)
+    if (const Status s = impl::topk::radix_select(ranked, n, k, base, "hkvd_select: memset", stream);
+        s != Status::success)
+      return s;
+  impl::topk::hkvd_flag_kernel<<<blocks, impl::topk::hkvd_threads, 0, stream>>>(
+      args, ranked, k > 0 ? &state->threshold : nullptr, flags);
+  if (const Status s = launch_status("hkvd_flag_kernel"); s != Status::success) return s;
+  return from_cuda(impl::topk::compact_flagged(temp, temp_bytes, args, flags, stream),
+                   "hkvd_select: cub::DeviceSelect::Flagged");
 }
 
 // Bytes of workspace top_k_tokens_by_sort needs for `num_items` scores (0 if CUB's size query fails).

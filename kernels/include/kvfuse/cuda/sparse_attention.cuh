@@ -19,8 +19,11 @@
 //  - split KV (flash-decoding style), when the caller passes a workspace and there are too few query
 //    tiles to fill the GPU: grid z splits each block's KV tiles; every split writes its normalized fp32 O
 //    and LSE to the workspace, and a combine kernel merges them (sparse_attention_workspace_bytes).
-//  - the optional mass epilogue is another kernel that, with the LSE known, recomputes the scores and
-//    adds 2^(s − LSE·log2 e) per (query, chunk) with atomicAdd over heads (and KV splits).
+//  - the optional chunk-mass and query-mass epilogues are another kernel that, with the LSE known,
+//    recomputes the scores and adds 2^(s − LSE·log2 e) per (query, chunk) and per key (over the query rows)
+//    with atomicAdd over heads (and KV splits); it runs only on the query tiles when only the query mass is
+//    wanted. The optional self-mass epilogue is a small kernel of one warp per query (one dot product per
+//    head).
 // Supported by the kernel: bf16 and f16 storage (f32 is refused as unsupported), head_dim 64 and 128,
 // 16-byte aligned base pointers and strides that are multiples of 8 elements. Query positions need no
 // order for correctness, but sorted queries make each tile's KV loop short. Inputs must be finite (a NaN
@@ -70,6 +73,10 @@ struct AttnParams {
   float* lse;
   const std::int64_t* chunk_starts;
   float* mass;
+  const std::int32_t* self_rows;
+  float* self_mass;   // null: no self-mass epilogue
+  float* query_mass;  // null: no query-mass epilogue
+  int query_begin, query_end;
   float* part_o;    // split KV: [splits][S][Hq][d] fp32 normalized partial outputs; null: write o, lse
   float* part_lse;  // split KV: [splits][S][Hq] partial LSEs (natural log)
   std::int64_t q_ts, q_hs, k_ts, k_hs, v_ts, v_hs, o_ts, o_hs;
@@ -495,11 +502,16 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_combine_kernel(
   if (lane == 0) p.lse[pair] = lse;
 }
 
-// The mass epilogue: mass[i][c] += Σ_{j in chunk c, visible} 2^(s_ij − LSE_i log2 e) for this block's head
-// (Cache-Craft eq. 3–4 weights; the launcher zeroes mass first, heads add up through atomicAdd). Scores are
-// recomputed exactly as sparse_attention_kernel computed them. Each thread walks its keys in increasing
-// order (those of its quad column: 8n + 2t, 8n + 2t + 1 of every tile) and flushes a running sum per row
-// whenever the chunk changes, so the atomics number about (chunks touched) x 4 per row and head.
+// The mass epilogues, for this block's head (the launcher zeroes the outputs first; heads and KV splits add
+// up through atomicAdd). Scores are recomputed exactly as sparse_attention_kernel computed them.
+//  - chunk mass (num_chunks > 0): mass[i][c] += Σ_{j in chunk c, visible} 2^(s_ij − LSE_i log2 e), Cache-Craft
+//    eq. 3–4 weights. Each thread walks its keys in increasing order (those of its quad column: 8n + 2t,
+//    8n + 2t + 1 of every tile) and flushes a running sum per row whenever the chunk changes, so the atomics
+//    number about (chunks touched) x 4 per row and head.
+//  - query mass (query_mass set, on tiles holding query rows): query_mass[j] += Σ_{query rows i} 2^(s_ij −
+//    LSE_i log2 e). Per tile the rows' weights of a key are added over the 8 row groups of a warp (shuffles),
+//    over the 4 warps (shared memory), then one atomicAdd per key.
+// A block with neither returns after attn_tile (with only the query mass wanted: every non-query tile).
 template <class T, int D>
 __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(const AttnParams<T> p) {
   extern __shared__ __align__(16) unsigned char attn_smem[];
@@ -507,10 +519,15 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(con
   T* s_k = s_q + kAttnBlockM * kAttnPitch<D>;  // [2][64][pitch]
   auto* s_pos = reinterpret_cast<std::int32_t*>(s_k + 2 * kAttnBlockN * kAttnPitch<D>);  // [2][64]
   __shared__ int s_reduce[8];
+  __shared__ float s_query[kAttnBlockN];  // query mass of the tile's 64 keys, summed over the 4 warps
 
   const AttnTile tile = attn_tile(p, s_reduce);
+  const bool chunks = p.num_chunks > 0;
+  const bool query_tile = p.query_mass != nullptr && tile.q0 < p.query_end && tile.q0 + tile.rows > p.query_begin;
+  if (!chunks && !query_tile) return;  // block-uniform
   const int lane = threadIdx.x % 32;
   const int t = lane % 4;
+  if (threadIdx.x < kAttnBlockN) s_query[threadIdx.x] = 0.0f;  // visible to all after attn_start's barrier
 
   std::uint32_t qf[D / 16][4];
   attn_start<T, D>(p, tile, s_q, s_k, nullptr, s_pos, qf);
@@ -518,11 +535,13 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(con
   const bool store0 = tile.row0 < tile.rows;
   const bool store1 = tile.row0 + 8 < tile.rows;
   const std::int64_t base0 = static_cast<std::int64_t>(tile.q0 + tile.row0);
+  const bool query0 = store0 && base0 >= p.query_begin && base0 < p.query_end;
+  const bool query1 = store1 && base0 + 8 >= p.query_begin && base0 + 8 < p.query_end;
   // LSE of the two rows (a row past the end of the queries is never stored: any finite value).
   const float lse[2] = {store0 ? p.lse[base0 * p.num_q_heads + tile.head] : 0.0f,
                         store1 ? p.lse[(base0 + 8) * p.num_q_heads + tile.head] : 0.0f};
-  int chunk = -1;                          // chunk of the keys being summed; -1 before the first chunk
-  std::int64_t chunk_end = p.chunk_starts[0];  // first key past the current chunk
+  int chunk = -1;  // chunk of the keys being summed; -1 before the first chunk
+  std::int64_t chunk_end = chunks ? p.chunk_starts[0] : INT64_MAX;  // first key past the current chunk
   float sum[2] = {0.0f, 0.0f};
   const auto flush = [&] {
     if (chunk >= 0 && chunk < p.num_chunks) {
@@ -546,10 +565,15 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(con
     float s[8][4];
     warp_scores<T, D>(s, qf, s_k + buf * kAttnBlockN * kAttnPitch<D>);
     scale_and_mask(s, p.score_factor, tile, kt, s_pos + buf * kAttnBlockN);
+    float q[8][2];  // query mass of this thread's keys 8n + 2t + e over its query rows
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
+        const float p0 = kvfuse::detail::attention_probability(s[n][e], lse[0]);
+        const float p1 = kvfuse::detail::attention_probability(s[n][2 + e], lse[1]);
+        q[n][e] = (query0 ? p0 : 0.0f) + (query1 ? p1 : 0.0f);
+        if (!chunks) continue;
         const std::int64_t key = kt * kAttnBlockN + n * 8 + 2 * t + e;
         if (key >= chunk_end) {  // rare: this thread's keys enter a later chunk (empty chunks skipped)
           flush();
@@ -558,8 +582,26 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(con
             chunk_end = chunk < p.num_chunks ? p.chunk_starts[chunk + 1] : INT64_MAX;
           } while (key >= chunk_end);
         }
-        sum[0] += kvfuse::detail::attention_probability(s[n][e], lse[0]);
-        sum[1] += kvfuse::detail::attention_probability(s[n][2 + e], lse[1]);
+        sum[0] += p0;
+        sum[1] += p1;
+      }
+    }
+    if (query_tile) {
+      // Over the 8 row groups of the warp (lanes 4g + t, g = 0..7), then lanes 0..3 add into shared memory.
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          for (int offset = 4; offset < 32; offset *= 2) q[n][e] += __shfl_xor_sync(0xffffffffu, q[n][e], offset);
+          if (lane < 4 && q[n][e] != 0.0f) atomicAdd(&s_query[n * 8 + 2 * t + e], q[n][e]);
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < kAttnBlockN) {
+        const int key = kt * kAttnBlockN + static_cast<int>(threadIdx.x);
+        const float w = s_query[threadIdx.x];
+        if (key < tile.kv_end && w != 0.0f) atomicAdd(p.query_mass + key, w);
+        s_query[threadIdx.x] = 0.0f;  // read again only after the barrier below
       }
     }
     __syncthreads();
@@ -567,10 +609,34 @@ __global__ void __launch_bounds__(kAttnThreads) sparse_attention_mass_kernel(con
   flush();
 }
 
+// The self-mass epilogue: self_mass[i] = Σ_h 2^(s_{h,i,r} − LSE_hi log2 e) with r = self_rows[i] (0 where key
+// r is not visible to query i). One warp per query: per head the dot product q_i · k_r split over the lanes
+// (a fixed butterfly), heads added in order, one plain store: deterministic, no atomics, Hq·d elements of Q
+// and of K read per query.
+template <class T, int D>
+__global__ void __launch_bounds__(kAttnThreads) sparse_attention_self_mass_kernel(const AttnParams<T> p) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * (kAttnThreads / 32) + threadIdx.x / 32;
+  if (i >= p.num_queries) return;  // warp-uniform
+  const int lane = threadIdx.x % 32;
+  const std::int64_t row = p.self_rows[i];
+  const bool visible = kvfuse::detail::attention_visible(p.k_pos[row], p.q_pos[i]);
+  float sum = 0.0f;
+  for (int h = 0; h < p.num_q_heads; ++h) {
+    const T* q = p.q + i * p.q_ts + h * p.q_hs;
+    const T* k = p.k + row * p.k_ts + (h / p.group) * p.k_hs;
+    float dot = 0.0f;
+    for (int e = 2 * lane; e < D; e += 64)
+      dot += kvfuse::to_float(q[e]) * kvfuse::to_float(k[e]) + kvfuse::to_float(q[e + 1]) * kvfuse::to_float(k[e + 1]);
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (visible) sum += kvfuse::detail::attention_probability(dot * p.score_factor, p.lse[i * p.num_q_heads + h]);
+  }
+  if (lane == 0) p.self_mass[i] = sum;
+}
+
 // Split KV (flash-decoding style): with few selected queries the (query tile, head) blocks alone leave
 // SMs idle, and the blocks with the largest positions run far longer than the others. Each block then runs
 // only `tiles_per_split` of its KV tiles (grid z = splits); attention writes partial results to the
-// workspace and a combine kernel merges them, the mass epilogue (atomics) needs no workspace.
+// workspace and a combine kernel merges them, the mass epilogues (atomics) need no workspace.
 inline constexpr int kAttnMaxSplits = 16;
 inline constexpr int kAttnMinTilesPerSplit = 8;  // 512 keys: keeps the merge cheap against the work
 
@@ -604,7 +670,7 @@ inline Status attn_sm_count(int& sm_count) {
                    "sparse_attention: cudaDeviceGetAttribute");
 }
 
-enum class AttnKernel { attention, combine, mass };
+enum class AttnKernel { attention, combine, mass, self_mass };
 
 // One launch of one kernel of (T, D); sets the dynamic shared memory limit where it needs one.
 template <class T, int D>
@@ -627,6 +693,12 @@ Status launch_attention_kernel(AttnKernel which, const AttnParams<T>& params, in
     const auto blocks = static_cast<unsigned>((pairs + kAttnThreads / 32 - 1) / (kAttnThreads / 32));
     sparse_attention_combine_kernel<T, D><<<blocks, kAttnThreads, 0, stream>>>(params, splits);
     return launch_status("sparse_attention_combine_kernel");
+  }
+  if (which == AttnKernel::self_mass) {
+    const std::int64_t warps = params.num_queries;
+    const auto blocks = static_cast<unsigned>((warps + kAttnThreads / 32 - 1) / (kAttnThreads / 32));
+    sparse_attention_self_mass_kernel<T, D><<<blocks, kAttnThreads, 0, stream>>>(params);
+    return launch_status("sparse_attention_self_mass_kernel");
   }
   constexpr int bytes = attn_smem_bytes<D>(2);
   if (const Status s = from_cuda(cudaFuncSetAttribute(sparse_attention_mass_kernel<T, D>,
@@ -656,6 +728,11 @@ Status sparse_attention_typed(const SparseAttentionArgs& a, cudaStream_t stream)
   p.lse = a.lse;
   p.chunk_starts = a.chunk_starts;
   p.mass = a.mass;
+  p.self_rows = a.self_rows;
+  p.self_mass = a.self_mass;
+  p.query_mass = a.query_mass;
+  p.query_begin = static_cast<int>(a.query_begin);
+  p.query_end = static_cast<int>(a.query_end);
   p.part_o = split ? static_cast<float*>(a.workspace) : nullptr;
   p.part_lse = split ? p.part_o + static_cast<std::int64_t>(plan.splits) * a.num_queries * a.num_q_heads * a.head_dim
                      : nullptr;
@@ -681,12 +758,20 @@ Status sparse_attention_typed(const SparseAttentionArgs& a, cudaStream_t stream)
   if (const Status s = run(AttnKernel::attention, split ? plan.splits : 1); s != Status::success) return s;
   if (split)
     if (const Status s = run(AttnKernel::combine, plan.splits); s != Status::success) return s;
-  if (a.num_chunks == 0) return Status::success;
-  if (const Status s = from_cuda(cudaMemsetAsync(a.mass, 0, static_cast<std::size_t>(a.num_queries * a.num_chunks) * 4,
-                                                 stream),
-                                 "sparse_attention: zeroing mass");
-      s != Status::success)
-    return s;
+  if (a.self_mass != nullptr)
+    if (const Status s = run(AttnKernel::self_mass, 1); s != Status::success) return s;
+  if (a.num_chunks > 0)
+    if (const Status s = from_cuda(cudaMemsetAsync(a.mass, 0,
+                                                   static_cast<std::size_t>(a.num_queries * a.num_chunks) * 4, stream),
+                                   "sparse_attention: zeroing mass");
+        s != Status::success)
+      return s;
+  if (a.query_mass != nullptr && a.num_keys > 0)
+    if (const Status s = from_cuda(cudaMemsetAsync(a.query_mass, 0, static_cast<std::size_t>(a.num_keys) * 4, stream),
+                                   "sparse_attention: zeroing query_mass");
+        s != Status::success)
+      return s;
+  if (a.num_chunks == 0 && (a.query_mass == nullptr || a.query_begin == a.query_end)) return Status::success;
   p.kv_tiles_per_split = plan.tiles_per_split;  // the mass kernel splits without a workspace
   return run(AttnKernel::mass, plan.splits);
 }
@@ -745,14 +830,20 @@ inline Status check_kernel_support(const SparseAttentionArgs& a) noexcept {
 }
 
 // Sparse-query attention on device pointers (see kvfuse/ref/sparse_attention.hpp for the semantics):
-// writes O and LSE, and with num_chunks > 0 the chunk mass (a second kernel; mass is zeroed first, on the
-// same stream). Preconditions that are not checked (device data): pos_k non-decreasing; chunk_starts
-// non-decreasing within [0, N]; finite inputs. Asynchronous: returns after enqueueing on `stream`.
+// writes O and LSE, with num_chunks > 0 the chunk mass, with query_mass the query mass (one more kernel for
+// both; mass and query_mass are zeroed first, on the same stream) and with self_mass the self mass (a small
+// kernel). Preconditions that are not checked (device data): pos_k non-decreasing; chunk_starts
+// non-decreasing within [0, N]; self_rows within [0, N); finite inputs. Asynchronous: returns after
+// enqueueing on `stream`.
 [[nodiscard]] inline Status sparse_attention(const SparseAttentionArgs& args, cudaStream_t stream = nullptr) noexcept {
   if (const Status s = kvfuse::validate(args); s != Status::success) return s;
   const SparseAttentionArgs a = kvfuse::resolved(args);
   if (const Status s = impl::check_kernel_support(a); s != Status::success) return s;
-  if (a.num_queries == 0) return Status::success;
+  if (a.num_queries == 0)  // no query puts weight on any key
+    return a.query_mass == nullptr || a.num_keys == 0
+               ? Status::success
+               : from_cuda(cudaMemsetAsync(a.query_mass, 0, static_cast<std::size_t>(a.num_keys) * 4, stream),
+                           "sparse_attention: zeroing query_mass");
   if (a.dtype == DType::bf16) return impl::sparse_attention_typed<kvfuse::bf16>(a, stream);
   return impl::sparse_attention_typed<kvfuse::f16>(a, stream);
 }
