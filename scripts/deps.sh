@@ -14,6 +14,8 @@ APT_PACKAGES=(
   libeigen3-dev            # reference CPU backend (kvfuse::cpu)
   libpcre2-dev pkg-config  # tokenizer pre-tokenizer regexes (kvfuse::cpu)
   nlohmann-json3-dev       # examples reading MuSiQue JSON
+  libcpp-httplib-dev       # kvfuse-server (apps/server): HTTP server
+  python3-venv             # the server test installs the openai client into a venv
   doctest-dev              # unit tests
   libbenchmark-dev         # benchmarks
   gnuplot-nox              # benchmark plots

@@ -28,9 +28,7 @@ class error : public std::runtime_error {
   Status code_;
 };
 
-namespace detail {
-
-// Throws kvfuse::error with a formatted message when `ok` is false.
+// Throws kvfuse::error with a formatted message when `ok` is false: require(n > 0, "n = {} must be > 0", n).
 template <class... Args>
 void require(bool ok, fmt::format_string<Args...> message, Args&&... args) {
   if (!ok) throw error(fmt::format(message, std::forward<Args>(args)...));
@@ -41,6 +39,11 @@ template <class... Args>
 void require_code(bool ok, Status code, fmt::format_string<Args...> message, Args&&... args) {
   if (!ok) throw error(code, fmt::format(message, std::forward<Args>(args)...));
 }
+
+namespace detail {
+
+using kvfuse::require;
+using kvfuse::require_code;
 
 // True when `value` is finite and >= 0. For checks whose message needs indices, formatted only on failure:
 // require(is_finite_nonneg(x), "mass[{}][{}] = {} must be finite and >= 0", i, j, x).

@@ -1,0 +1,706 @@
+// kvfuse-server: an OpenAI-compatible RAG server on kvfuse's batched CPU engine (CpuBatchEngine: continuous
+// batching, decodes first within Cake's token budget, kvfuse's chunk-cache fusion through request-keyed hooks).
+// The content parts of a message are chunks whose KV is stored once and reused at any position (chat_request.hpp);
+// docs/server.md describes the API, the chunks, the errors and the metrics.
+//
+//   kvfuse-server [--model smollm2|gemma3|GGUF] [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
+//                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]
+//                 [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]
+//                 [--max-running 16] [--max-body-bytes 4194304] [--max-tokens-default 256]
+//
+// --model: smollm2 (default) or gemma3 as scripts/fetch_model.sh fetches them, or a GGUF path.
+// --store: memory (default); a directory: memory over a DiskKVStore there; a Redis URI: memory over Redis, shared
+//   by every server on it. New chunk caches are written through to every tier.
+// --method: each request's fusion method unless the request names one (the extension field kvfuse.method). auto
+//   (default): the setting of CacheBlend the per-model correctness gate chose for this model (kvfuse-rag-eval
+//   --calibrated caches it under <kvfuse cache>/calibration, default budget); CacheBlend's r = 15 % when no
+//   calibration is cached; full prefill when the gate refused CacheBlend for the model. cachecraft, prefix and
+//   cacheblend@auto are refused: the batched connector keeps no Cache-Craft variants, the server stores chunk
+//   caches only (no prefix entries), and CacheBlend's loading controller runs in FusionPipeline only.
+// --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
+// --queue-limit: requests in the engine at once (queued or running); more are answered 429. --max-running: how many
+//   of them run in one step loop (CpuBatchEngine's max_running).
+// --max-body-bytes: larger request bodies are answered 413. --max-tokens-default: max_tokens of a request that
+//   gives none (capped by the model's context).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvfuse/backend/cpu/batch_engine.hpp"
+#include "kvfuse/cpu.hpp"
+#include "kvfuse/eval/calibrate.hpp"
+#include "kvfuse/fusion/calibration.hpp"
+// After Eigen (kvfuse/cpu.hpp): httplib.h brings <resolv.h>, whose `_res` macro would rewrite Eigen's parameters.
+#include <httplib.h>
+
+#include "any_store.hpp"
+#include "chat_request.hpp"
+#include "metrics.hpp"
+#include "musique.hpp"
+#include "text_stream.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using kvfuse_server::ApiError;
+
+struct Options {
+  std::string model = "smollm2";
+  std::string store = "memory";
+  std::string method = "auto";
+  std::string host = "127.0.0.1";
+  std::int64_t port = 8000;
+  std::int64_t threads = 0;
+  std::int64_t token_budget = 512;
+  std::int64_t queue_limit = 64;
+  std::int64_t max_running = 16;
+  std::int64_t max_body_bytes = 4 << 20;
+  std::int64_t max_tokens_default = 256;
+};
+
+constexpr std::string_view kUsage =
+    "usage: kvfuse-server [--model smollm2|gemma3|GGUF] [--store memory|DIR|redis://HOST:PORT|"
+    "redis-cluster://HOST:PORT,...]\n"
+    "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]\n"
+    "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
+    "                     [--max-running 16] [--max-body-bytes 4194304] [--max-tokens-default 256]\n"
+    "--method auto: the CacheBlend setting the calibration gate chose for the model (kvfuse-rag-eval --calibrated),\n"
+    "  cacheblend (r = 15 %) when none is cached, full when the gate refused CacheBlend. docs/server.md.\n";
+
+Options parse(int argc, char** argv) {
+  Options o;
+  using kvfuse_example::parse_int;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      fmt::print("{}", kUsage);
+      std::exit(0);
+    }
+    kvfuse::detail::require(i + 1 < argc, "{}: missing value\n{}", flag, kUsage);
+    const std::string_view v = argv[++i];
+    if (flag == "--model") o.model = v;
+    else if (flag == "--store") o.store = v;
+    else if (flag == "--method") o.method = v;
+    else if (flag == "--host") o.host = v;
+    else if (flag == "--port") o.port = parse_int(flag, v);
+    else if (flag == "--threads") o.threads = parse_int(flag, v);
+    else if (flag == "--token-budget") o.token_budget = parse_int(flag, v);
+    else if (flag == "--queue-limit") o.queue_limit = parse_int(flag, v);
+    else if (flag == "--max-running") o.max_running = parse_int(flag, v);
+    else if (flag == "--max-body-bytes") o.max_body_bytes = parse_int(flag, v);
+    else if (flag == "--max-tokens-default") o.max_tokens_default = parse_int(flag, v);
+    else throw kvfuse::error(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
+  }
+  kvfuse::detail::require(o.port <= 65535, "--port: {} is not a port", o.port);
+  kvfuse::detail::require(o.threads <= 1024, "--threads: {} is more than 1024", o.threads);
+  kvfuse::detail::require(o.token_budget >= 1, "--token-budget: {} must be >= 1", o.token_budget);
+  kvfuse::detail::require(o.queue_limit >= 1 && o.queue_limit <= 4096, "--queue-limit: {} must be in [1, 4096]",
+                          o.queue_limit);
+  kvfuse::detail::require(o.max_running >= 1, "--max-running: {} must be >= 1", o.max_running);
+  kvfuse::detail::require(o.max_body_bytes >= 1, "--max-body-bytes: {} must be >= 1", o.max_body_bytes);
+  kvfuse::detail::require(o.max_tokens_default >= 1, "--max-tokens-default: {} must be >= 1", o.max_tokens_default);
+  o.model = kvfuse_example::resolve_model(o.model);
+  return o;
+}
+
+// A method the server runs; kvfuse::error naming what the batched engine cannot do.
+kvfuse::FusionMethod server_method(std::string_view text) {
+  const kvfuse::FusionMethod m = kvfuse::parse_method(text);
+  kvfuse::detail::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
+                          "fusion method '{}': Cache-Craft reuses stored in-context variants, which the batched "
+                          "connector does not keep; use cacheblend, attnlink, queryaware, naive or full",
+                          text);
+  kvfuse::detail::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
+                          "fusion method '{}': the server stores chunk caches only, no prefix entries", text);
+  const auto* blend = std::get_if<kvfuse::CacheBlend>(&m);
+  kvfuse::detail::require(blend == nullptr || !blend->loading_controller,
+                          "fusion method '{}': CacheBlend's loading controller runs in FusionPipeline, not in the "
+                          "batched engine; give r (cacheblend@0.15)",
+                          text);
+  return m;
+}
+
+// --method auto: the per-model correctness gate's choice for CacheBlend (fusion/calibration.hpp), read from the
+// calibrations kvfuse-rag-eval --calibrated cached for this model at the default budget, newest first.
+kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string& why) {
+  const fs::path dir = kvfuse_example::cache_dir() / "calibration";
+  const std::string prefix = fmt::format("{:016x}-cacheblend-", fingerprint);
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(prefix) && name.ends_with(".calibration")) files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+    std::error_code e1, e2;
+    return fs::last_write_time(a, e1) > fs::last_write_time(b, e2);
+  });
+  for (const fs::path& path : files) {
+    std::ifstream in(path);
+    std::string line;
+    std::uint64_t samples = 0;
+    bool found = false;
+    while (std::getline(in, line)) {
+      if (!line.starts_with("samples ")) continue;
+      try {
+        samples = std::stoull(line.substr(8), nullptr, 16);
+        found = true;
+      } catch (const std::exception&) {
+      }
+      break;
+    }
+    if (!found) continue;
+    try {
+      const kvfuse::Calibration c =
+          kvfuse::eval::load_calibration(path, fingerprint, "cacheblend", kvfuse::CalibrationBudget{}, samples);
+      if (!c.chosen) {
+        why = fmt::format("the calibration gate refused CacheBlend for this model ({}): full prefill", path.string());
+        return kvfuse::FullRecompute{};
+      }
+      why = fmt::format("calibrated ({})", path.string());
+      return server_method(*c.chosen);
+    } catch (const kvfuse::error&) {  // another budget, or unreadable: the next file
+    }
+  }
+  why = "no calibration cached for this model (kvfuse-rag-eval --calibrated): CacheBlend's default r = 15 %";
+  return kvfuse::parse_method("cacheblend");
+}
+
+// One request's events, from the engine thread to the handler thread that waits for them.
+struct Channel {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::deque<kvfuse::TokenEvent> events;
+  bool stop_sequence = false;  // the handler ended it at a stop sequence (the engine reports it cancelled)
+
+  // The next event, waiting at most `limit`; nullopt when none came.
+  std::optional<kvfuse::TokenEvent> next(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex);
+    if (!ready.wait_for(lock, limit, [this] { return !events.empty(); })) return std::nullopt;
+    kvfuse::TokenEvent e = std::move(events.front());
+    events.pop_front();
+    return e;
+  }
+};
+
+std::string finish_name(kvfuse::FinishReason f) {
+  switch (f) {
+    case kvfuse::FinishReason::length: return "length";
+    case kvfuse::FinishReason::stop: return "stop";
+    case kvfuse::FinishReason::cancelled: return "cancelled";
+    case kvfuse::FinishReason::error: return "error";
+    case kvfuse::FinishReason::none: break;
+  }
+  return "none";
+}
+
+// The engine and its thread: step() while anything is queued or running, asleep otherwise. Handler threads submit
+// and read their request's events from its Channel; at most `queue_limit` requests are in the engine at once.
+class Service {
+ public:
+  Service(const kvfuse::CpuLlama& model, kvfuse_server::AnyKVStore& store, kvfuse::BatchEngineConfig config,
+          std::size_t queue_limit, kvfuse_server::Metrics& metrics)
+      : engine_(model, store, config), queue_limit_(queue_limit), metrics_(&metrics), thread_([this] { loop(); }) {}
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+  ~Service() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+  struct Ticket {
+    std::uint64_t id = 0;
+    std::shared_ptr<Channel> channel;
+  };
+
+  // Queues a request: ApiError 429 when the queue is full; kvfuse::error from the engine for a bad request.
+  Ticket submit(kvfuse::GenerationRequest request) {
+    auto channel = std::make_shared<Channel>();
+    std::uint64_t id = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (channels_.size() >= queue_limit_)
+        throw ApiError(429, fmt::format("the server is busy: {} requests in the engine (--queue-limit {}); retry later",
+                                        channels_.size(), queue_limit_),
+                       "", "queue_full", "rate_limit_error");
+      id = engine_.submit(std::move(request));
+      channels_.emplace(id, channel);
+      work_ = true;
+    }
+    wake_.notify_one();
+    return {id, std::move(channel)};
+  }
+
+  void cancel(std::uint64_t id) {
+    engine_.cancel(id);
+    {
+      std::lock_guard lock(mutex_);
+      work_ = true;
+    }
+    wake_.notify_one();
+  }
+
+  [[nodiscard]] std::int64_t in_flight() const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::int64_t>(channels_.size());
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return work_ || stopping_; });
+        if (stopping_) return;
+        work_ = false;
+      }
+      while (!engine_.idle()) {
+        std::vector<kvfuse::TokenEvent> events;
+        try {
+          events = engine_.step();
+        } catch (const std::exception& e) {  // not one request's failure: every request in flight ends in error
+          fail_all(e.what());
+          continue;
+        }
+        const kvfuse::StepStats& s = engine_.last_step();
+        if (s.items > 0) metrics_->step(s.step_ms, s.wait_ms, s.hook_ms, s.decode_rows, s.prefill_rows);
+        dispatch(std::move(events));
+      }
+    }
+  }
+
+  void dispatch(std::vector<kvfuse::TokenEvent> events) {
+    std::lock_guard lock(mutex_);
+    for (kvfuse::TokenEvent& e : events) {
+      const auto it = channels_.find(e.request);
+      if (it == channels_.end()) continue;  // failed already (fail_all)
+      const std::shared_ptr<Channel> channel = it->second;
+      const bool last = e.finish != kvfuse::FinishReason::none;
+      if (last) {
+        std::string reason = finish_name(e.finish);
+        {
+          std::lock_guard channel_lock(channel->mutex);
+          if (channel->stop_sequence) reason = "stop";
+        }
+        const kvfuse::RequestMetrics& m = e.metrics;
+        metrics_->finished(reason, m.prompt_tokens, m.completion_tokens, m.loaded_tokens, m.recomputed_rows,
+                           m.ttft_ms, m.completion_tokens > 0 || m.ttft_ms > 0.0);
+        channels_.erase(it);
+      }
+      {
+        std::lock_guard channel_lock(channel->mutex);
+        channel->events.push_back(std::move(e));
+      }
+      channel->ready.notify_one();
+    }
+  }
+
+  void fail_all(const std::string& why) {
+    std::vector<kvfuse::TokenEvent> events;
+    std::vector<std::uint64_t> ids;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [id, channel] : channels_) ids.push_back(id);
+    }
+    for (const std::uint64_t id : ids) {
+      engine_.cancel(id);
+      events.push_back({id, std::nullopt, kvfuse::FinishReason::error, kvfuse::Status::unsupported,
+                        fmt::format("engine step failed: {}", why), {}});
+    }
+    dispatch(std::move(events));
+  }
+
+  kvfuse::CpuBatchEngine<kvfuse_server::AnyKVStore> engine_;
+  std::size_t queue_limit_;
+  kvfuse_server::Metrics* metrics_;
+  mutable std::mutex mutex_;  // guards channels_, work_, stopping_
+  std::condition_variable wake_;
+  std::map<std::uint64_t, std::shared_ptr<Channel>> channels_;
+  bool work_ = false;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after everything it reads
+};
+
+std::string sse(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+// The HTTP side: routes, request checks, and the answers of OpenAI's API.
+class Api {
+ public:
+  Api(const Options& o, const kvfuse::CpuLlama& model, const kvfuse::Tokenizer& tok, kvfuse::FusionMethod method,
+      Service& service, kvfuse_server::StoreStack& stores, kvfuse_server::Metrics& metrics)
+      : o_(o),
+        model_(model),
+        tok_(tok),
+        format_(tok),
+        method_(std::move(method)),
+        service_(service),
+        stores_(stores),
+        metrics_(metrics),
+        model_id_(fs::path(o.model).stem().string()),
+        created_(std::time(nullptr)) {
+    for (std::size_t i = 0; i < tok.vocab_size(); ++i) {
+      const auto t = static_cast<kvfuse::token_id>(i);
+      if (tok.is_end_of_generation(t)) stop_tokens_.push_back(t);
+    }
+    if (std::find(stop_tokens_.begin(), stop_tokens_.end(), tok.eos()) == stop_tokens_.end() && tok.eos() >= 0)
+      stop_tokens_.push_back(tok.eos());
+  }
+
+  [[nodiscard]] bool chatml() const noexcept { return format_.chatml(); }
+
+  void routes(httplib::Server& svr) {
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        chat(req, res);
+      } catch (const ApiError& e) {
+        error(res, e);
+      } catch (const std::exception& e) {
+        error(res, ApiError(500, fmt::format("internal error: {}", e.what()), "", "internal_error", "server_error"));
+      }
+    });
+    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      const json data = {{"object", "list"},
+                         {"data", json::array({{{"id", model_id_},
+                                                {"object", "model"},
+                                                {"created", created_},
+                                                {"owned_by", "kvfuse"}}})}};
+      res.set_content(data.dump(), "application/json");
+    });
+    svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const json data = {{"status", "ok"},
+                         {"model", model_id_},
+                         {"method", kvfuse::method_name(method_)},
+                         {"store", stores_.description()},
+                         {"in_flight", service_.in_flight()},
+                         {"queue_limit", o_.queue_limit}};
+      res.set_content(data.dump(), "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      kvfuse_server::Gauges g;
+      g.in_flight = service_.in_flight();
+      g.queue_limit = o_.queue_limit;
+      g.store_hits = stores_.store().hits();
+      g.store_misses = stores_.store().misses();
+      g.redis_unavailable = stores_.redis_unavailable();
+      g.redis_rejected = stores_.redis_rejected();
+      res.set_content(metrics_.render(g), "text/plain; version=0.0.4");
+    });
+    // Answers httplib gives by itself (no route, a body over the limit, an unreadable request) get an error body.
+    svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty() || res.is_chunked_content_provider_) return;
+      if (res.status == 404)
+        error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found"));
+      else if (res.status == 413)
+        error(res, ApiError(413, fmt::format("the request body is over --max-body-bytes {}", o_.max_body_bytes), "",
+                            "request_too_large"));
+      else
+        error(res, ApiError(res.status, fmt::format("the request could not be read (HTTP {})", res.status)));
+    });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      static const std::vector<std::string> known{"/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+      const bool is_known = std::find(known.begin(), known.end(), req.path) != known.end();
+      metrics_.response(is_known ? req.path : "other", res.status);
+    });
+  }
+
+ private:
+  static void error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status();
+    res.set_content(e.body().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+      throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "", "invalid_json");
+    }
+    const kvfuse_server::ChatRequest c = kvfuse_server::parse_chat_request(body);
+    kvfuse::FusionMethod method = method_;
+    if (c.method) {
+      try {
+        method = server_method(*c.method);
+      } catch (const kvfuse::error& e) {
+        throw ApiError(400, fmt::format("kvfuse.method: {}", e.what()), "kvfuse.method", "invalid_value");
+      }
+    }
+    kvfuse_server::ChatPrompt prompt;
+    try {
+      prompt = format_.build(c.messages);
+    } catch (const kvfuse::error& e) {
+      throw ApiError(400, fmt::format("messages: {}", e.what()), "messages", "invalid_value");
+    }
+    const auto n = static_cast<std::int64_t>(prompt.tokens.size());
+    const std::int64_t context = model_.config().context_length;
+    if (context > 0 && n >= context)
+      throw ApiError(400, fmt::format("messages: the prompt is {} tokens; the model's context is {} tokens", n, context),
+                     "messages", "context_length_exceeded");
+    kvfuse::GenerationRequest g;
+    g.max_new_tokens = c.max_tokens.value_or(context > 0 ? std::min(o_.max_tokens_default, context - n)
+                                                         : o_.max_tokens_default);
+    g.tokens = prompt.tokens;
+    g.layout = prompt.layout;
+    g.method = method;
+    g.stop_tokens = stop_tokens_;
+    g.temperature = c.temperature;
+    g.seed = c.seed.value_or(std::random_device{}());
+    Service::Ticket ticket;
+    try {
+      ticket = service_.submit(std::move(g));
+    } catch (const kvfuse::error& e) {
+      const bool context_error = e.code() == kvfuse::Status::beyond_context;
+      throw ApiError(400, e.what(), context_error && c.max_tokens ? "max_tokens" : "messages",
+                     context_error ? "context_length_exceeded" : "invalid_value");
+    }
+    auto state = std::make_shared<Generation>(tok_, c, std::move(ticket), n, prompt.layout, model_id_);
+    if (!c.stream) {
+      while (!state->finished) state->take(std::chrono::milliseconds(1000), service_);
+      if (state->error) throw ApiError(500, *state->error, "", "engine_error", "server_error");
+      json message = {{"role", "assistant"}, {"content", state->text.text()}};
+      const json out = {{"id", state->id},
+                        {"object", "chat.completion"},
+                        {"created", state->created},
+                        {"model", model_id_},
+                        {"choices", json::array({{{"index", 0},
+                                                  {"message", message},
+                                                  {"logprobs", nullptr},
+                                                  {"finish_reason", state->finish_reason}}})},
+                        {"usage", state->usage()}};
+      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, state](std::size_t, httplib::DataSink& sink) {
+          const auto send = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+          const auto gone = [&] {  // the client went away: the engine frees the request
+            service_.cancel(state->ticket.id);
+            return false;
+          };
+          if (!send(sse(state->chunk({{"role", "assistant"}, {"content", ""}}, nullptr)))) return gone();
+          while (!state->finished) {
+            const std::optional<std::string> text = state->take(std::chrono::milliseconds(1000), service_);
+            if (!text) {  // nothing for a second: an SSE comment, which also finds a client that went away
+              if (!send(": keep-alive\n\n")) return gone();
+              continue;
+            }
+            if (!text->empty() && !send(sse(state->chunk({{"content", *text}}, nullptr)))) return gone();
+          }
+          if (state->error) {
+            send(sse(ApiError(500, *state->error, "", "engine_error", "server_error").body()));
+          } else {
+            send(sse(state->chunk(json::object(), state->finish_reason)));
+            if (state->include_usage) {
+              json last = state->chunk(json::object(), nullptr);
+              last["choices"] = json::array();
+              last["usage"] = state->usage();
+              send(sse(last));
+            }
+          }
+          send("data: [DONE]\n\n");
+          sink.done();
+          return true;
+        },
+        [this, state](bool) {
+          if (!state->finished) service_.cancel(state->ticket.id);
+        });
+  }
+
+  // One request on its way: the events read so far as text, the finish and kvfuse's figures.
+  struct Generation {
+    Generation(const kvfuse::Tokenizer& tok, const kvfuse_server::ChatRequest& c, Service::Ticket t,
+               std::int64_t prompt, const kvfuse::PromptLayout& layout, const std::string& model)
+        : ticket(std::move(t)),
+          text(tok, c.stop),
+          include_usage(c.include_usage),
+          prompt_tokens(prompt),
+          id(fmt::format("chatcmpl-{:x}-{:x}", ticket.id, std::random_device{}())),
+          created(std::time(nullptr)),
+          model_id(model) {
+      for (const kvfuse::PromptChunk& ch : layout.chunks) {
+        if (!ch.cached) continue;
+        ++chunks;
+        chunk_tokens += ch.range.size();
+      }
+    }
+
+    // Waits up to `limit` for the next event; nullopt when none came, else the text it releases (possibly empty).
+    std::optional<std::string> take(std::chrono::milliseconds limit, Service& service) {
+      std::optional<kvfuse::TokenEvent> e = ticket.channel->next(limit);
+      if (!e) return std::nullopt;
+      std::string out;
+      if (e->token && !text.stopped()) {
+        ++completion_tokens;
+        out = text.push(*e->token);
+        if (text.stopped()) {  // a stop sequence: the engine stops generating; its last event comes as cancelled
+          {
+            std::lock_guard lock(ticket.channel->mutex);
+            ticket.channel->stop_sequence = true;
+          }
+          service.cancel(ticket.id);
+        }
+      }
+      if (e->finish == kvfuse::FinishReason::none) return out;
+      finished = true;
+      metrics = e->metrics;
+      if (e->finish == kvfuse::FinishReason::error) {
+        error = e->error;
+        return out;
+      }
+      out += text.finish();
+      finish_reason = text.stopped() || e->finish == kvfuse::FinishReason::stop ? "stop" : "length";
+      return out;
+    }
+
+    [[nodiscard]] json chunk(json delta, json finish) const {
+      return {{"id", id},
+              {"object", "chat.completion.chunk"},
+              {"created", created},
+              {"model", model_id},
+              {"choices", json::array({{{"index", 0},
+                                        {"delta", std::move(delta)},
+                                        {"logprobs", nullptr},
+                                        {"finish_reason", std::move(finish)}}})}};
+    }
+
+    [[nodiscard]] json usage() const {
+      return {{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"kvfuse",
+               {{"method", metrics.method},
+                {"chunks", chunks},
+                {"chunk_tokens", chunk_tokens},
+                {"loaded_tokens", metrics.loaded_tokens},
+                {"recomputed_tokens", metrics.recomputed_rows},
+                {"ttft_ms", metrics.ttft_ms},
+                {"restarts", metrics.restarts}}}};
+    }
+
+    Service::Ticket ticket;
+    kvfuse_server::TextStream text;
+    bool include_usage;
+    std::int64_t prompt_tokens;
+    std::string id;
+    std::time_t created;
+    std::string model_id;
+    std::int64_t chunks = 0;        // reusable chunks of the prompt
+    std::int64_t chunk_tokens = 0;  // their tokens
+    std::int64_t completion_tokens = 0;
+    bool finished = false;
+    std::string finish_reason;
+    std::optional<std::string> error;
+    kvfuse::RequestMetrics metrics;
+  };
+
+  const Options& o_;
+  const kvfuse::CpuLlama& model_;
+  const kvfuse::Tokenizer& tok_;
+  kvfuse_server::PromptFormat format_;
+  kvfuse::FusionMethod method_;
+  Service& service_;
+  kvfuse_server::StoreStack& stores_;
+  kvfuse_server::Metrics& metrics_;
+  std::string model_id_;
+  std::time_t created_;
+  std::vector<kvfuse::token_id> stop_tokens_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  // SIGINT / SIGTERM go to one thread that stops the HTTP server; a client gone mid-write is an error, not SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
+  kvfuse::CpuLlamaOptions model_options;
+  model_options.threads = static_cast<int>(o.threads);
+  const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+
+  std::string why = "--method";
+  const kvfuse::FusionMethod method = o.method == "auto" ? auto_method(model.fingerprint(), why)
+                                                         : server_method(o.method);
+  kvfuse_server::StoreStack stores(o.store);
+  kvfuse_server::Metrics metrics;
+  kvfuse::BatchEngineConfig config;
+  config.budget.token_budget = o.token_budget;
+  config.max_running = static_cast<std::size_t>(o.max_running);
+  Service service(model, stores.store(), config, static_cast<std::size_t>(o.queue_limit), metrics);
+  Api api(o, model, tok, method, service, stores, metrics);
+
+  httplib::Server svr;
+  // Each streamed request holds a thread while it runs; the rest answer health, metrics and 429s.
+  const std::size_t http_threads = static_cast<std::size_t>(2 * o.queue_limit + 8);
+  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
+  svr.set_payload_max_length(static_cast<std::size_t>(o.max_body_bytes));
+  api.routes(svr);
+  int port = static_cast<int>(o.port);
+  if (port == 0) {
+    port = svr.bind_to_any_port(o.host);
+    kvfuse::detail::require(port > 0, "--host {}: cannot bind a port", o.host);
+  } else {
+    kvfuse::detail::require(svr.bind_to_port(o.host, port), "--host {} --port {}: cannot bind", o.host, port);
+  }
+  fmt::print(stderr, "kvfuse-server: model {} ({} layers, context {}, {} threads, {}), store {}, method {} ({})\n",
+             o.model, model.config().n_layer, model.config().context_length, model.threads(),
+             api.chatml() ? "ChatML" : "plain text", stores.description(), kvfuse::method_name(method), why);
+  fmt::print(stderr, "kvfuse-server: listening on http://{}:{}\n", o.host, port);
+  std::fflush(stderr);
+
+  std::atomic<bool> signalled{false};
+  std::thread signals([&svr, &stop_signals, &signalled] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    signalled = true;
+    svr.stop();
+  });
+  const bool served = svr.listen_after_bind();
+  if (!signalled) kill(getpid(), SIGTERM);  // listen ended by itself: the signal thread takes this one and returns
+  signals.join();
+  fmt::print(stderr, "kvfuse-server: stopped\n");
+  return served ? 0 : 1;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "kvfuse-server: {}\n", e.what());
+  return 2;
+}

@@ -1,0 +1,170 @@
+// kvfuse-server's pieces without HTTP: request checks name the field; a prompt's parts are chunks whose tokens do not
+// depend on their neighbours or position; streamed text never splits a UTF-8 sequence or a stop sequence; the
+// type-erased store forwards and counts.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "any_store.hpp"
+#include "chat_request.hpp"
+#include "kvfuse/core/keys.hpp"
+#include "kvfuse/model/gguf.hpp"
+#include "text_stream.hpp"
+
+#include "../support/model_path.hpp"
+
+using kvfuse_server::ApiError;
+using nlohmann::json;
+
+namespace {
+
+std::string param_of(const json& body) {
+  try {
+    (void)kvfuse_server::parse_chat_request(body);
+  } catch (const ApiError& e) {
+    CHECK(e.status() == 400);
+    const json param = e.body()["error"]["param"];
+    return param.is_null() ? std::string() : param.get<std::string>();
+  }
+  return "(accepted)";
+}
+
+json user_parts(const std::vector<std::string>& texts) {
+  json content = json::array();
+  for (const std::string& t : texts) content.push_back({{"type", "text"}, {"text", t}});
+  return {{"messages", json::array({{{"role", "user"}, {"content", content}}})}};
+}
+
+// Whether `s` is valid UTF-8 (complete sequences only).
+bool valid_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (std::size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("server: a bad field is refused by name") {
+  json ok = user_parts({"a part", "a question"});
+  CHECK(param_of(ok) == "(accepted)");
+  const auto with = [&](const char* key, json value) {
+    json b = ok;
+    b[key] = std::move(value);
+    return param_of(b);
+  };
+  CHECK(with("max_tokens", 0) == "max_tokens");
+  CHECK(with("max_tokens", 1.5) == "max_tokens");
+  CHECK(with("max_completion_tokens", -3) == "max_completion_tokens");
+  CHECK(with("temperature", "hot") == "temperature");
+  CHECK(with("temperature", 2.5) == "temperature");
+  CHECK(with("seed", "x") == "seed");
+  CHECK(with("stop", json::array({"a", 1})) == "stop");
+  CHECK(with("stop", json::array({"a", "b", "c", "d", "e"})) == "stop");
+  CHECK(with("stream", "yes") == "stream");
+  CHECK(with("n", 3) == "n");
+  CHECK(with("kvfuse", json{{"method", 5}}) == "kvfuse.method");
+  CHECK(with("messages", json::array()) == "messages");
+  CHECK(with("messages", json::array({{{"role", "user"}}})) == "messages[0].content");
+  CHECK(with("messages", json::array({{{"role", "tool"}, {"content", "x"}}})) == "messages[0].role");
+  CHECK(with("messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}}})}}})) ==
+        "messages[0].content[0].text");
+  CHECK(param_of(json::array()) == "");
+  CHECK(param_of(json{{"model", "m"}}) == "messages");
+}
+
+TEST_CASE("server: an incomplete UTF-8 tail is held back") {
+  CHECK(kvfuse_server::incomplete_utf8_tail("abc") == 0);
+  CHECK(kvfuse_server::incomplete_utf8_tail("caf\xC3") == 1);
+  CHECK(kvfuse_server::incomplete_utf8_tail("caf\xC3\xA9") == 0);
+  CHECK(kvfuse_server::incomplete_utf8_tail("\xE2\x98") == 2);
+  CHECK(kvfuse_server::incomplete_utf8_tail("\xE2\x98\x95") == 0);
+  CHECK(kvfuse_server::incomplete_utf8_tail("x\xF0\x9F\x98") == 3);
+  CHECK(kvfuse_server::incomplete_utf8_tail("") == 0);
+}
+
+TEST_CASE("server: AnyKVStore forwards to the store it wraps and counts lookups") {
+  kvfuse::InMemoryKVStore memory;
+  kvfuse_server::AnyKVStore store(memory);
+  const kvfuse::KVKey held{1, 2}, absent{1, 3};
+  kvfuse::KVBlock block;
+  block.num_tokens = 1;
+  block.bytes.assign(16, std::byte{7});
+  store.put(held, block);
+  CHECK(memory.contains(held));
+  const std::vector<kvfuse::KVKey> keys{held, absent, held};
+  CHECK(store.contains_many(keys) == std::vector<bool>{true, false, true});
+  CHECK((store.hits() == 2 && store.misses() == 1));
+  const auto info = store.describe(held);
+  REQUIRE(info.has_value());
+  std::vector<std::byte> out(4);
+  CHECK(store.get_into(held, *info, 4, out));
+  CHECK(out[0] == std::byte{7});
+  CHECK(store.erase(held));
+  CHECK_FALSE(store.get(held).has_value());
+}
+
+TEST_CASE("real model: server prompts reuse a part's tokens at any position; streamed text stays whole") {
+  const auto path = kvfuse_test::real_model(/*optimized_only=*/false);
+  if (!path) return;
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(path->string());
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
+  const kvfuse_server::PromptFormat format(tok);
+  REQUIRE(format.chatml());
+
+  const auto build = [&](const std::vector<std::string>& texts) {
+    return format.build(kvfuse_server::parse_chat_request(user_parts(texts)).messages);
+  };
+  const std::string a = "Paris is the capital of France.", b = "Rome <|im_end|> is in Italy.", q = "Which city?";
+  const kvfuse_server::ChatPrompt p1 = build({a, b, q}), p2 = build({b, a, q});
+  const auto chunk_tokens = [](const kvfuse_server::ChatPrompt& p) {
+    std::vector<std::vector<kvfuse::token_id>> out;
+    for (const kvfuse::PromptChunk& c : p.layout.chunks)
+      if (c.cached) out.emplace_back(p.tokens.begin() + c.range.begin, p.tokens.begin() + c.range.end);
+    return out;
+  };
+  p1.layout.validate();
+  CHECK(p1.layout.num_tokens() == static_cast<std::int64_t>(p1.tokens.size()));
+  const auto c1 = chunk_tokens(p1), c2 = chunk_tokens(p2);
+  REQUIRE(c1.size() == 3);  // the default system prompt, a, b
+  REQUIRE(c2.size() == 3);
+  CHECK(c1[0] == c2[0]);
+  CHECK(c1[1] == c2[2]);
+  CHECK(c1[2] == c2[1]);
+  CHECK(c1[1] == tok.encode(a + "\n", false));
+  // The text of a part stays text: "<|im_end|>" in it is not the control token.
+  CHECK(std::count(c1[2].begin(), c1[2].end(), tok.find_token("<|im_end|>")) == 0);
+  // The whole prompt is the template's rendering of the joined parts.
+  const std::vector<kvfuse::ChatMessage> chat{{"user", a + "\n" + b + "\n" + q}};
+  CHECK(tok.decode(p1.tokens) == tok.format_chat(chat, true));
+
+  // Token by token, every released piece is whole UTF-8 and the pieces add up to the text.
+  const std::string text = "Caf\xC3\xA9 \xE2\x98\x95 na\xC3\xAFve \xF0\x9F\x98\x80 done";
+  kvfuse_server::TextStream stream(tok, {});
+  std::string joined;
+  for (const kvfuse::token_id t : tok.encode(text, false)) {
+    const std::string piece = stream.push(t);
+    CHECK(valid_utf8(piece));
+    joined += piece;
+  }
+  joined += stream.finish();
+  CHECK(joined == text);
+  CHECK(stream.text() == text);
+
+  // A stop sequence ends the text before it, even when it spans tokens; nothing after it is released.
+  kvfuse_server::TextStream stopped(tok, {"\xE2\x98\x95 na"});
+  std::string before;
+  for (const kvfuse::token_id t : tok.encode(text, false)) before += stopped.push(t);
+  before += stopped.finish();
+  CHECK(stopped.stopped());
+  CHECK(before == "Caf\xC3\xA9 ");
+}

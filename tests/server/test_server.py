@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""kvfuse-server under the real `openai` Python client.
+
+Starts the real kvfuse-server (KVFUSE_SERVER_BIN) with SmolLM2 (KVFUSE_MODEL, else the file scripts/fetch_model.sh
+caches) on a free loopback port and checks completions (non-streamed and streamed, equal at temperature 0), usage
+and kvfuse's usage object (chunks loaded when their parts come back in another order), stop sequences, seeded
+sampling, OpenAI-style errors (400 naming the field, 413, 429, 404), /v1/models, /health, /metrics, a client that
+goes away mid-stream, and two servers sharing chunk caches through one redis-server.
+
+Exit code 77 (CTest: skipped) when the model, the binary or the openai client (installed into KVFUSE_SERVER_VENV,
+a venv, when missing) is not available, or when KVFUSE_SERVER_OPTIMIZED=0 (a Debug or sanitizer build).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+SKIP = 77
+
+
+def skip(why):
+    print(f"test_server.py: skipped: {why}", file=sys.stderr)
+    sys.exit(SKIP)
+
+
+def ensure_openai():
+    """Imports openai, or installs it into KVFUSE_SERVER_VENV (a venv) and runs this script again from there."""
+    try:
+        import openai  # noqa: F401
+        return
+    except ImportError:
+        pass
+    venv = os.environ.get("KVFUSE_SERVER_VENV")
+    if not venv or os.environ.get("KVFUSE_SERVER_IN_VENV") == "1":
+        skip("the openai package is missing (set KVFUSE_SERVER_VENV to install it into a venv)")
+    python = os.path.join(venv, "bin", "python3")
+    if not os.path.exists(python):
+        if subprocess.run([sys.executable, "-m", "venv", venv]).returncode != 0:
+            skip(f"cannot create a venv at {venv}")
+    if subprocess.run([python, "-c", "import openai"], capture_output=True).returncode != 0:
+        if subprocess.run([python, "-m", "pip", "install", "--quiet", "openai"]).returncode != 0:
+            skip("cannot install the openai package (pip install openai failed)")
+    os.environ["KVFUSE_SERVER_IN_VENV"] = "1"
+    os.execv(python, [python] + sys.argv)
+
+
+def cache_dir():
+    if os.environ.get("KVFUSE_CACHE_DIR"):
+        return os.environ["KVFUSE_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kvfuse")
+
+
+BINARY = os.environ.get("KVFUSE_SERVER_BIN", "")
+MODEL = os.environ.get("KVFUSE_MODEL") or os.path.join(cache_dir(), "SmolLM2-135M-Instruct.Q4_1.gguf")
+MAX_BODY = 65536
+
+
+class Server:
+    """A kvfuse-server process on a port it picked itself (--port 0)."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([BINARY, "--model", MODEL, "--port", "0", "--threads", "2", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        self.port = None
+        ready = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if "listening on http://" in line:
+                    self.port = int(line.rsplit(":", 1)[1])
+                    ready.set()
+            ready.set()
+
+        self.drain = threading.Thread(target=drain, daemon=True)
+        self.drain.start()
+        if not ready.wait(120) or self.port is None:
+            self.stop()
+            raise RuntimeError("kvfuse-server did not start:\n" + "".join(self.log))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kw):
+        import openai
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return r.status, r.read().decode()
+
+    def post(self, path, body: bytes):
+        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.drain.join(10)
+        self.proc.stderr.close()
+
+
+def parts(*texts):
+    return [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]
+
+
+def kvfuse_usage(completion):
+    return completion.model_dump()["usage"]["kvfuse"]
+
+
+PASSAGES = [
+    "The Rhine rises in the Swiss Alps and flows north through Germany into the Netherlands.",
+    "Lake Constance lies on the Rhine at the border of Germany, Switzerland and Austria.",
+    "The Danube flows east from the Black Forest through Vienna, Budapest and Belgrade.",
+]
+QUESTION = "Which river flows through Lake Constance?"
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--max-body-bytes", str(MAX_BODY))
+        cls.client = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def chat(self, messages, **kw):
+        kw.setdefault("temperature", 0)
+        kw.setdefault("max_tokens", 8)
+        return self.client.chat.completions.create(model="smollm2", messages=messages, **kw)
+
+    def stream_text(self, messages, **kw):
+        kw.setdefault("temperature", 0)
+        kw.setdefault("max_tokens", 8)
+        text, finish, usage = "", None, None
+        stream = self.client.chat.completions.create(model="smollm2", messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}, **kw)
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.model_dump()["usage"]
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        return text, finish, usage
+
+    def test_models_and_health(self):
+        models = self.client.models.list()
+        self.assertEqual([m.id for m in models.data], ["SmolLM2-135M-Instruct.Q4_1"])
+        status, body = self.server.get("/health")
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(body)["status"], "ok")
+
+    def test_stream_equals_non_stream(self):
+        for method in ("full", "cacheblend"):
+            with self.subTest(method=method):
+                messages = [{"role": "system", "content": "Answer from the documents."}] + parts(*PASSAGES, QUESTION)
+                extra = {"extra_body": {"kvfuse": {"method": method}}}
+                self.chat(messages, **extra)  # the chunk caches stored: both runs below load the same ones
+                done = self.chat(messages, max_tokens=12, **extra)
+                text, finish, usage = self.stream_text(messages, max_tokens=12, **extra)
+                self.assertTrue(done.choices[0].message.content)
+                self.assertEqual(text, done.choices[0].message.content)
+                self.assertEqual(finish, done.choices[0].finish_reason)
+                self.assertIn(finish, ("stop", "length"))
+                self.assertEqual(usage["prompt_tokens"], done.usage.prompt_tokens)
+                self.assertEqual(usage["completion_tokens"], done.usage.completion_tokens)
+                self.assertEqual(usage["total_tokens"], usage["prompt_tokens"] + usage["completion_tokens"])
+                self.assertEqual(usage["kvfuse"]["method"], method)
+                self.assertEqual(kvfuse_usage(done)["loaded_tokens"], usage["kvfuse"]["loaded_tokens"])
+                if method == "cacheblend":
+                    self.assertGreater(usage["kvfuse"]["loaded_tokens"], 0)
+
+    def test_usage_and_reuse_in_another_order(self):
+        texts = ["Marie Curie won the Nobel Prize in Physics in 1903 with Pierre Curie.",
+                 "She won a second Nobel Prize, in Chemistry, in 1911.",
+                 "Her daughter Irene Joliot-Curie won the Chemistry prize in 1935."]
+        first = self.chat(parts(*texts, "How many Nobel Prizes did Marie Curie win?"))
+        second = self.chat(parts(texts[2], texts[0], texts[1], "How many Nobel Prizes did Marie Curie win?"))
+        u1, u2 = kvfuse_usage(first), kvfuse_usage(second)
+        self.assertEqual(first.usage.total_tokens, first.usage.prompt_tokens + first.usage.completion_tokens)
+        self.assertGreater(first.usage.prompt_tokens, 40)
+        self.assertEqual(first.usage.prompt_tokens, second.usage.prompt_tokens)
+        self.assertEqual(u1["method"], "cacheblend")
+        self.assertEqual(u2["chunks"], 4)  # the system prompt and three parts; the question is the query
+        self.assertGreater(u2["loaded_tokens"], u1["loaded_tokens"])
+        self.assertGreaterEqual(u2["loaded_tokens"], u2["chunk_tokens"])
+        self.assertLess(u2["recomputed_tokens"], second.usage.prompt_tokens)
+        self.assertGreater(u2["ttft_ms"], 0)
+
+    def test_stop_sequences_and_seeded_sampling(self):
+        messages = parts(*PASSAGES, "Name the three countries of the first document.")
+        extra = {"extra_body": {"kvfuse": {"method": "full"}}}
+        whole = self.chat(messages, max_tokens=10, **extra).choices[0].message.content
+        words = whole.split()
+        self.assertGreaterEqual(len(words), 3, whole)
+        stop = " " + words[2]
+        cut = self.chat(messages, max_tokens=10, stop=[stop, "never appears"], **extra)
+        self.assertEqual(cut.choices[0].message.content, whole[:whole.find(stop)])
+        self.assertEqual(cut.choices[0].finish_reason, "stop")
+        text, finish, _ = self.stream_text(messages, max_tokens=10, stop=stop, **extra)
+        self.assertEqual((text, finish), (whole[:whole.find(stop)], "stop"))
+        a = self.chat(messages, temperature=0.9, seed=7, **extra).choices[0].message.content
+        b = self.chat(messages, temperature=0.9, seed=7, **extra).choices[0].message.content
+        self.assertEqual(a, b)
+
+    def test_errors_name_the_field(self):
+        import openai
+        cases = [
+            ({"max_tokens": 0}, "max_tokens"),
+            ({"temperature": 3}, "temperature"),
+            ({"stop": ""}, "stop"),
+            ({"extra_body": {"kvfuse": {"method": "cachecraft"}}}, "kvfuse.method"),
+            ({"extra_body": {"n": 2}}, "n"),
+        ]
+        for kw, param in cases:
+            with self.subTest(param=param):
+                with self.assertRaises(openai.BadRequestError) as e:
+                    self.chat(parts("A part.", "A question?"), **kw)
+                self.assertEqual(e.exception.param, param)
+                self.assertEqual(e.exception.type, "invalid_request_error")
+                self.assertIn(param, e.exception.message)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+        self.assertEqual(e.exception.param, "messages[0].content[0].type")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat([{"role": "robot", "content": "hi"}])
+        self.assertEqual(e.exception.param, "messages[0].role")
+        with self.assertRaises(openai.BadRequestError) as e:  # beyond the model's context, under the body limit
+            self.chat([{"role": "user", "content": "word " * 9000}])
+        self.assertEqual(e.exception.code, "context_length_exceeded")
+        self.assertIn("8192", e.exception.message)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(parts("A part.", "A question?"), max_tokens=9000)
+        self.assertEqual((e.exception.param, e.exception.code), ("max_tokens", "context_length_exceeded"))
+        status, body = self.server.post("/v1/chat/completions", b'{"messages": [')
+        self.assertEqual(status, 400)
+        self.assertEqual(json.loads(body)["error"]["code"], "invalid_json")
+        status, body = self.server.post("/v1/chat/completions", b'{"messages": []}')
+        self.assertEqual((status, json.loads(body)["error"]["param"]), (400, "messages"))
+        with self.assertRaises(openai.APIStatusError) as e:
+            self.chat([{"role": "user", "content": "x" * (2 * MAX_BODY)}])
+        self.assertEqual(e.exception.status_code, 413)
+        self.assertEqual(e.exception.code, "request_too_large")
+        with self.assertRaises(openai.NotFoundError) as e:
+            self.client.completions.create(model="smollm2", prompt="legacy completions")
+        self.assertEqual(e.exception.code, "not_found")
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            self.server.get("/no/such/route")
+        self.assertEqual(e.exception.code, 404)
+        self.assertEqual(self.chat(parts("Still serving.", "Say yes.")).usage.prompt_tokens > 0, True)
+
+    def test_client_leaving_mid_stream(self):
+        stream = self.client.chat.completions.create(model="smollm2", messages=parts("A long story.", "Tell it."),
+                                                     stream=True, temperature=0, max_tokens=400)
+        received = 0
+        for _ in stream:
+            received += 1
+            if received == 3:
+                break
+        stream.close()  # the connection goes away with the request still generating
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            metrics = self.server.get("/metrics")[1]
+            if 'kvfuse_requests_finished_total{reason="cancelled"}' in metrics:
+                break
+            time.sleep(0.2)
+        self.assertIn('kvfuse_requests_finished_total{reason="cancelled"}', metrics)
+        done = self.chat(parts(*PASSAGES, QUESTION), extra_body={"kvfuse": {"method": "full"}})
+        self.assertTrue(done.choices[0].message.content)
+        self.assertEqual(json.loads(self.server.get("/health")[1])["in_flight"], 0)
+
+    def test_metrics(self):
+        self.chat(parts(*PASSAGES, QUESTION))
+        status, text = self.server.get("/metrics")
+        self.assertEqual(status, 200)
+        for name in ("kvfuse_http_requests_total", "kvfuse_requests_finished_total", "kvfuse_ttft_seconds_bucket",
+                     "kvfuse_ttft_seconds_count", "kvfuse_step_seconds_bucket", "kvfuse_tokens_loaded_total",
+                     "kvfuse_tokens_recomputed_total", "kvfuse_store_hits_total", "kvfuse_store_misses_total",
+                     "kvfuse_load_wait_seconds_total", "kvfuse_requests_in_flight"):
+            self.assertIn(name, text)
+        self.assertIn('kvfuse_http_requests_total{route="/v1/chat/completions",status="200"}', text)
+
+
+class QueueLimitTest(unittest.TestCase):
+    def test_full_queue_answers_429(self):
+        import openai
+        server = Server("--queue-limit", "1")
+        try:
+            client = server.client()
+            stream = client.chat.completions.create(model="smollm2", messages=parts("A part.", "Count to fifty."),
+                                                    stream=True, temperature=0, max_tokens=400)
+            next(iter(stream))  # the first request is in the engine
+            with self.assertRaises(openai.RateLimitError) as e:
+                client.chat.completions.create(model="smollm2", messages=parts("Another.", "Hi?"), max_tokens=2)
+            self.assertEqual(e.exception.status_code, 429)
+            self.assertEqual(e.exception.code, "queue_full")
+            stream.close()
+            deadline = time.time() + 60
+            while True:  # the cancelled request leaves the engine at its next step
+                try:
+                    done = client.chat.completions.create(model="smollm2", messages=parts("Another.", "Hi?"),
+                                                          max_tokens=2, temperature=0)
+                    break
+                except openai.RateLimitError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.2)
+            self.assertEqual(done.usage.completion_tokens, 2)
+        finally:
+            server.stop()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@unittest.skipUnless(shutil.which("redis-server"), "redis-server is not installed")
+class SharedRedisTest(unittest.TestCase):
+    def test_chunk_computed_by_one_server_is_loaded_by_another(self):
+        port = free_port()
+        workdir = tempfile.mkdtemp(prefix="kvfuse-server-redis-")
+        redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
+        servers = []
+        try:
+            deadline = time.time() + 20
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.1)
+            uri = f"redis://127.0.0.1:{port}"
+            servers = [Server("--store", uri), Server("--store", uri)]
+            texts = ["Mount Kosciuszko is the highest mountain of mainland Australia.",
+                     "It was named by the Polish explorer Pawel Strzelecki in 1840."]
+            a = servers[0].client().chat.completions.create(
+                model="smollm2", messages=parts(*texts, "Who named it?"), max_tokens=2, temperature=0)
+            b = servers[1].client().chat.completions.create(
+                model="smollm2", messages=parts(texts[1], texts[0], "Who named it?"), max_tokens=2, temperature=0)
+            self.assertEqual(kvfuse_usage(a)["loaded_tokens"], 0)
+            self.assertGreaterEqual(kvfuse_usage(b)["loaded_tokens"], kvfuse_usage(b)["chunk_tokens"])
+            self.assertIn("kvfuse_store_hits_total 3", servers[1].get("/metrics")[1])
+        finally:
+            for s in servers:
+                s.stop()
+            redis.terminate()
+            redis.wait()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if not BINARY or not os.path.exists(BINARY):
+        skip(f"no kvfuse-server binary (KVFUSE_SERVER_BIN = '{BINARY}')")
+    if os.environ.get("KVFUSE_SERVER_OPTIMIZED") == "0":
+        skip("a Debug or sanitizer build (the real model takes minutes without optimization)")
+    if not os.path.exists(MODEL):
+        skip(f"no model at {MODEL} (scripts/fetch_model.sh; KVFUSE_MODEL overrides)")
+    ensure_openai()
+    unittest.main(verbosity=2)
