@@ -67,7 +67,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
-    kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
+    kvfuse::require(i + 1 < argc, "{} needs a value", flag);
     const std::string_view v = argv[++i];
     if (flag == "--data") o.data = v;
     else if (flag == "--model") o.model = v;
@@ -87,14 +87,14 @@ Options parse(int argc, char** argv) {
     else if (flag == "--link-latency-ms") o.link.latency_ms = parse_real(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
   }
-  kvfuse::detail::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
-  kvfuse::detail::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
-  kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
+  kvfuse::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
+  kvfuse::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
+  kvfuse::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
   kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk}.validate();
   (void)kvfuse::parse_method(o.method);  // refuse a bad name before any work
   o.link.validate();
   o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
-  kvfuse::detail::require(fs::exists(o.model),
+  kvfuse::require(fs::exists(o.model),
                           "--model: '{}' does not exist (smollm2, gemma3 or a GGUF path; fetch the two with "
                           "scripts/fetch_model.sh all)",
                           o.model);
@@ -139,7 +139,7 @@ void write_timeline(const fs::path& out, const kvfuse::LoaderTrace& t, const Opt
                     << "plot '" << dat.string() << "' using 1:3:($2-$1):($4-$3):($5==1?1:2) with vectors nohead lw 3 "
                     << "lc variable title 'compute (purple) / load (green) chunks'\n";
   const std::string cmd = fmt::format("gnuplot '{}'", gp.string());
-  kvfuse::detail::require(std::system(cmd.c_str()) == 0, "plot: '{}' failed (is gnuplot installed?)", cmd);
+  kvfuse::require(std::system(cmd.c_str()) == 0, "plot: '{}' failed (is gnuplot installed?)", cmd);
 }
 
 }  // namespace

@@ -41,14 +41,14 @@ struct Options {
 double parse_double(std::string_view flag, std::string_view v) {
   double x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
+  kvfuse::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
   return x;
 }
 
 std::int64_t parse_int(std::string_view flag, std::string_view v) {
   std::int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not an integer", flag, v);
+  kvfuse::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not an integer", flag, v);
   return x;
 }
 
@@ -64,7 +64,7 @@ Options parse(int argc, char** argv) {
           "                [--trace FILE]");
       std::exit(0);
     }
-    kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
+    kvfuse::require(i + 1 < argc, "{} needs a value", flag);
     std::string_view v = argv[++i];
     if (flag == "--seq-len") o.seq_len = parse_int(flag, v);
     else if (flag == "--kv-bytes-per-token") o.kv_bytes_per_token = parse_int(flag, v);
@@ -76,7 +76,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--trace") o.trace_file = std::string(v);
     else if (flag == "--compute-ms") {
       const auto comma = v.find(',');
-      kvfuse::detail::require(comma != std::string_view::npos, "--compute-ms: expected A,B, got '{}'", v);
+      kvfuse::require(comma != std::string_view::npos, "--compute-ms: expected A,B, got '{}'", v);
       o.a_ms = parse_double(flag, v.substr(0, comma));
       o.b_ms = parse_double(flag, v.substr(comma + 1));
       have_compute = true;
@@ -84,15 +84,15 @@ Options parse(int argc, char** argv) {
       throw kvfuse::error(fmt::format("unknown flag '{}' (see --help)", flag));
     }
   }
-  kvfuse::detail::require(have_compute, "--compute-ms A,B is required");
-  kvfuse::detail::require(o.seq_len >= 0, "--seq-len {} must be >= 0", o.seq_len);
+  kvfuse::require(have_compute, "--compute-ms A,B is required");
+  kvfuse::require(o.seq_len >= 0, "--seq-len {} must be >= 0", o.seq_len);
   return o;
 }
 
 kvfuse::ResourceTrace make_trace(const Options& o) {
   if (o.trace_file.empty()) return kvfuse::ResourceTrace::constant(o.gpu_share, o.bandwidth_gbps);
   std::ifstream in(o.trace_file);
-  kvfuse::detail::require(in.good(), "--trace: cannot open '{}'", o.trace_file);
+  kvfuse::require(in.good(), "--trace: cannot open '{}'", o.trace_file);
   std::stringstream text;
   text << in.rdbuf();
   return kvfuse::ResourceTrace::parse(text.str());

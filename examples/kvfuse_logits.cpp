@@ -84,7 +84,7 @@ std::int64_t parse_int(std::string_view s, std::int64_t lo, std::int64_t hi, std
     value = value * 10 + (c - '0');
   }
   if (ok && body[0] == '-') value = -value;
-  kvfuse::detail::require(ok && value >= lo && value <= hi, "{} '{}' is not an integer in [{}, {}]", what, s, lo, hi);
+  kvfuse::require(ok && value >= lo && value <= hi, "{} '{}' is not an integer in [{}, {}]", what, s, lo, hi);
   return value;
 }
 
@@ -105,7 +105,7 @@ std::vector<kvfuse::token_id> parse_ids(std::string_view list) {
 Args parse_args(int argc, char** argv) {
   Args a;
   const auto value = [&](int& i, std::string_view flag) -> std::string {
-    kvfuse::detail::require(i + 1 < argc, "{} needs a value\n{}", flag, kUsage);
+    kvfuse::require(i + 1 < argc, "{} needs a value\n{}", flag, kUsage);
     return argv[++i];
   };
   for (int i = 1; i < argc; ++i) {
@@ -136,13 +136,13 @@ Args parse_args(int argc, char** argv) {
       fmt::print("{}\n", kUsage);
       std::exit(0);
     } else {
-      kvfuse::detail::require(false, "unknown flag '{}'\n{}", f, kUsage);
+      kvfuse::require(false, "unknown flag '{}'\n{}", f, kUsage);
     }
   }
-  kvfuse::detail::require(!a.model.empty(), "--model is required\n{}", kUsage);
-  kvfuse::detail::require(a.has_ids != a.has_text, "give exactly one of --ids and --text\n{}", kUsage);
-  kvfuse::detail::require(!a.chat || a.has_text, "--chat needs --text");
-  kvfuse::detail::require(!(a.last && a.stride != 1), "--last and --stride {} exclude each other", a.stride);
+  kvfuse::require(!a.model.empty(), "--model is required\n{}", kUsage);
+  kvfuse::require(a.has_ids != a.has_text, "give exactly one of --ids and --text\n{}", kUsage);
+  kvfuse::require(!a.chat || a.has_text, "--chat needs --text");
+  kvfuse::require(!(a.last && a.stride != 1), "--last and --stride {} exclude each other", a.stride);
   return a;
 }
 
@@ -166,7 +166,7 @@ std::string json_string(std::string_view s) {
 
 void write_row(std::ofstream& out, std::span<const float> row, const std::string& path) {
   out.write(reinterpret_cast<const char*>(row.data()), static_cast<std::streamsize>(row.size_bytes()));
-  kvfuse::detail::require(static_cast<bool>(out), "--out: writing '{}' failed", path);
+  kvfuse::require(static_cast<bool>(out), "--out: writing '{}' failed", path);
 }
 
 int run(const Args& a) {
@@ -179,7 +179,7 @@ int run(const Args& a) {
   } else {
     std::string text = a.text;
     if (a.chat) {
-      kvfuse::detail::require(!tok.chat_template().empty(), "--chat: {} has no chat template (a base model)",
+      kvfuse::require(!tok.chat_template().empty(), "--chat: {} has no chat template (a base model)",
                               a.model);
       const std::vector<kvfuse::ChatMessage> messages{{"user", a.text}};
       text = tok.format_chat(messages, /*add_generation_prompt=*/true);
@@ -188,7 +188,7 @@ int run(const Args& a) {
     const std::vector<kvfuse::token_id> body = tok.encode(text);
     ids.insert(ids.end(), body.begin(), body.end());
   }
-  kvfuse::detail::require(!ids.empty(), "the prompt has no tokens");
+  kvfuse::require(!ids.empty(), "the prompt has no tokens");
   const auto n = static_cast<std::int64_t>(ids.size());
   fmt::print("model: {}\nn_tokens: {}\nids: {}\n", a.model, n, fmt::join(ids, ","));
   if (a.tokenize_only) return 0;
@@ -211,7 +211,7 @@ int run(const Args& a) {
 
   if (!a.out.empty()) {
     std::ofstream out(a.out, std::ios::binary | std::ios::trunc);
-    kvfuse::detail::require(static_cast<bool>(out), "--out: cannot open '{}' for writing", a.out);
+    kvfuse::require(static_cast<bool>(out), "--out: cannot open '{}' for writing", a.out);
     const auto vocab = static_cast<std::size_t>(model.config().n_vocab);
     // Row j of the file sits at byte j * vocab * 4; rows are computed last first.
     const auto put = [&](std::size_t j, std::span<const float> logits) {

@@ -20,7 +20,7 @@ namespace kvfuse_example {
 inline std::int64_t parse_int(std::string_view flag, std::string_view v) {
   std::int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size() && x >= 0,
+  kvfuse::require(ec == std::errc{} && p == v.data() + v.size() && x >= 0,
                           "{}: '{}' is not a non-negative integer", flag, v);
   return x;
 }
@@ -28,7 +28,7 @@ inline std::int64_t parse_int(std::string_view flag, std::string_view v) {
 inline double parse_real(std::string_view flag, std::string_view v) {
   double x = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  kvfuse::detail::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
+  kvfuse::require(ec == std::errc{} && p == v.data() + v.size(), "{}: '{}' is not a number", flag, v);
   return x;
 }
 
@@ -73,14 +73,14 @@ struct Question {
 // A MuSiQue JSON file: an array of questions.
 inline nlohmann::json read_dataset(const std::string& path) {
   std::ifstream in(path);
-  kvfuse::detail::require(in.good(), "--data: cannot open '{}'", path);
+  kvfuse::require(in.good(), "--data: cannot open '{}'", path);
   nlohmann::json data;
   try {
     data = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw kvfuse::error(fmt::format("--data: '{}' is not valid JSON: {}", path, e.what()));
   }
-  kvfuse::detail::require(data.is_array(), "--data: '{}' must hold a JSON array of questions", path);
+  kvfuse::require(data.is_array(), "--data: '{}' must hold a JSON array of questions", path);
   return data;
 }
 
@@ -93,7 +93,7 @@ inline std::vector<Question> load_questions(const std::string& path, std::int64_
                                             std::int64_t max_passages) {
   const nlohmann::json data = read_dataset(path);
   const auto size = static_cast<std::int64_t>(data.size());
-  kvfuse::detail::require(start >= 0 && limit >= 0 && start <= size && limit <= size - start,
+  kvfuse::require(start >= 0 && limit >= 0 && start <= size && limit <= size - start,
                           "--data: '{}' has {} questions; --start {} --limit {} asks for more", path, size, start,
                           limit);
   std::vector<Question> out;
@@ -112,7 +112,7 @@ inline std::vector<Question> load_questions(const std::string& path, std::int64_
                                       "(ctxs[].text, question, answers[]): {}",
                                       q, path, e.what()));
     }
-    kvfuse::detail::require(!x.passages.empty() && !x.answers.empty(), "--data: question {} has {} passages and {} "
+    kvfuse::require(!x.passages.empty() && !x.answers.empty(), "--data: question {} has {} passages and {} "
                             "answers; needs at least one of each", q, x.passages.size(), x.answers.size());
     out.push_back(std::move(x));
   }

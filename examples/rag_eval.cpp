@@ -144,7 +144,7 @@ Options parse(int argc, char** argv) {
       o.calibrated = true;
       continue;
     }
-    kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
+    kvfuse::require(i + 1 < argc, "{} needs a value", flag);
     const std::string_view v = argv[++i];
     if (flag == "--data") o.data = v;
     else if (flag == "--model") o.model = v;
@@ -167,42 +167,42 @@ Options parse(int argc, char** argv) {
     else if (flag == "--link-mbps") o.link_mbps = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link_latency_ms = kvfuse_example::parse_real(flag, v);
     else if (flag == "--pipeline") {
-      kvfuse::detail::require(v == "on" || v == "off", "--pipeline: '{}' is not on or off", v);
+      kvfuse::require(v == "on" || v == "off", "--pipeline: '{}' is not on or off", v);
       o.pipeline = v == "on";
     }
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
   }
-  kvfuse::detail::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
-  kvfuse::detail::require(o.engine == "kvfuse" || o.engine == "llamacpp", "--engine: '{}' is not kvfuse or llamacpp",
+  kvfuse::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
+  kvfuse::require(o.engine == "kvfuse" || o.engine == "llamacpp", "--engine: '{}' is not kvfuse or llamacpp",
                           o.engine);
 #if !KVFUSE_WITH_LLAMACPP
-  kvfuse::detail::require(o.engine != "llamacpp",
+  kvfuse::require(o.engine != "llamacpp",
                           "--engine llamacpp: this kvfuse-rag-eval was built without the llama.cpp integration "
                           "(configure with -DKVFUSE_LLAMACPP=ON after scripts/fetch_llamacpp.sh)");
 #endif
   if (methods.empty()) methods = o.engine == "llamacpp" ? kDefaultLlamaCppMethods : kDefaultMethods;
-  kvfuse::detail::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
-  kvfuse::detail::require(o.max_passages >= 1, "--max-passages: {} must be >= 1", o.max_passages);
+  kvfuse::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
+  kvfuse::require(o.max_passages >= 1, "--max-passages: {} must be >= 1", o.max_passages);
   if (o.store.empty()) o.store = o.cache_dir.empty() ? "memory" : "tiered";
   const bool redis_store = is_redis_uri(o.store);
-  kvfuse::detail::require(o.store == "memory" || o.store == "disk" || o.store == "tiered" || redis_store,
+  kvfuse::require(o.store == "memory" || o.store == "disk" || o.store == "tiered" || redis_store,
                           "--store: '{}' is not memory, disk, tiered or a redis:// / redis-cluster:// URI", o.store);
 #if KVFUSE_WITH_REDIS
   if (redis_store) (void)kvfuse::parse_redis_uri(o.store);  // a bad URI is refused before the model is read
 #else
-  kvfuse::detail::require(!redis_store, "--store {}: this build has no Redis support (hiredis; -DKVFUSE_REDIS=ON)",
+  kvfuse::require(!redis_store, "--store {}: this build has no Redis support (hiredis; -DKVFUSE_REDIS=ON)",
                           o.store);
 #endif
-  kvfuse::detail::require(o.store != "memory" || o.cache_dir.empty(),
+  kvfuse::require(o.store != "memory" || o.cache_dir.empty(),
                           "--cache-dir '{}' needs --store disk, tiered or a Redis URI", o.cache_dir);
   if ((o.store == "disk" || o.store == "tiered") && o.cache_dir.empty())
     o.cache_dir = (fs::path(o.out) / "kv-cache").string();
-  kvfuse::detail::require(std::isfinite(o.link_mbps) && o.link_mbps >= 0, "--link-mbps: {} must be >= 0 (0: no link)",
+  kvfuse::require(std::isfinite(o.link_mbps) && o.link_mbps >= 0, "--link-mbps: {} must be >= 0 (0: no link)",
                           o.link_mbps);
-  kvfuse::detail::require(std::isfinite(o.link_latency_ms) && o.link_latency_ms >= 0,
+  kvfuse::require(std::isfinite(o.link_latency_ms) && o.link_latency_ms >= 0,
                           "--link-latency-ms: {} must be >= 0", o.link_latency_ms);
   o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
-  kvfuse::detail::require(fs::exists(o.model),
+  kvfuse::require(fs::exists(o.model),
                           "--model: '{}' does not exist (smollm2, gemma3 or a GGUF path; fetch the two with "
                           "scripts/fetch_model.sh all)",
                           o.model);
@@ -216,16 +216,16 @@ Options parse(int argc, char** argv) {
     const bool per_layer = std::holds_alternative<kvfuse::CacheBlend>(method) ||
                            std::holds_alternative<kvfuse::QueryAware>(method) ||
                            (craft != nullptr && craft->focus_termination);
-    kvfuse::detail::require(o.engine != "llamacpp" || !per_layer,
+    kvfuse::require(o.engine != "llamacpp" || !per_layer,
                             "--methods: '{}' changes the recomputed set per layer, which llama.cpp cannot (one set for "
                             "every layer: full, prefix, naive, attnlink[@k], cachecraft[@alpha]-nofocus)",
                             m);
   }
-  kvfuse::detail::require(o.engine != "llamacpp" || (!o.calibrated && o.store_dtype == kvfuse::DType::f32),
+  kvfuse::require(o.engine != "llamacpp" || (!o.calibrated && o.store_dtype == kvfuse::DType::f32),
                           "--engine llamacpp: {} is for the kvfuse engine (llama.cpp keeps its own KV type)",
                           o.calibrated ? "--calibrated" : "--store-dtype");
   o.calibration_budget.validate();
-  kvfuse::detail::require(o.calibration_questions >= 1, "--calibration-questions: {} must be >= 1",
+  kvfuse::require(o.calibration_questions >= 1, "--calibration-questions: {} must be >= 1",
                           o.calibration_questions);
   return o;
 }
@@ -344,7 +344,7 @@ void write_plot(const fs::path& out, const nlohmann::json& results, const std::v
       << "unset multiplot\n";
   }
   const std::string cmd = fmt::format("gnuplot '{}'", gp.string());
-  kvfuse::detail::require(std::system(cmd.c_str()) == 0,
+  kvfuse::require(std::system(cmd.c_str()) == 0,
                           "plot: '{}' failed (is gnuplot installed? scripts/deps.sh installs gnuplot-nox); "
                           "results.json and results.md are written",
                           cmd);
@@ -406,7 +406,7 @@ int main(int argc, char** argv) try {
     if constexpr (kCpu) {
       if (o.calibrated) {
         const std::int64_t first = kvfuse_example::question_count(o.data) - o.calibration_questions;
-        kvfuse::detail::require(first >= o.start + o.limit,
+        kvfuse::require(first >= o.start + o.limit,
                                 "--calibrated: the last {} questions of '{}' (from {}) calibrate, and --start {} --limit {} "
                                 "overlaps them",
                                 o.calibration_questions, o.data, first, o.start, o.limit);
@@ -524,7 +524,7 @@ int main(int argc, char** argv) try {
       {
         std::ofstream js(fs::path(o.out) / "results.json");
         js << results.dump(2) << "\n";
-        kvfuse::detail::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
+        kvfuse::require(js.good(), "--out: cannot write '{}'", (fs::path(o.out) / "results.json").string());
       }
       table = markdown_table(results, o.methods);
       {

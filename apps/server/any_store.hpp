@@ -135,7 +135,7 @@ class StoreStack {
       throw kvfuse::error(fmt::format("--store {}: this build has no Redis support (hiredis; -DKVFUSE_REDIS=ON)", spec));
 #endif
     } else {
-      kvfuse::detail::require(!spec.empty(), "--store: empty; memory, a directory or a redis:// URI");
+      kvfuse::require(!spec.empty(), "--store: empty; memory, a directory or a redis:// URI");
       disk_.emplace(spec);
       on_disk_.emplace(kvfuse::TieredConfig{{{"memory", 1.0}, {"disk", 0.1}}}, memory_, *disk_);
       any_.emplace(*on_disk_);

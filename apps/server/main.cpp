@@ -102,7 +102,7 @@ Options parse(int argc, char** argv) {
       fmt::print("{}", kUsage);
       std::exit(0);
     }
-    kvfuse::detail::require(i + 1 < argc, "{}: missing value\n{}", flag, kUsage);
+    kvfuse::require(i + 1 < argc, "{}: missing value\n{}", flag, kUsage);
     const std::string_view v = argv[++i];
     if (flag == "--model") o.model = v;
     else if (flag == "--store") o.store = v;
@@ -117,14 +117,14 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-tokens-default") o.max_tokens_default = parse_int(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
   }
-  kvfuse::detail::require(o.port <= 65535, "--port: {} is not a port", o.port);
-  kvfuse::detail::require(o.threads <= 1024, "--threads: {} is more than 1024", o.threads);
-  kvfuse::detail::require(o.token_budget >= 1, "--token-budget: {} must be >= 1", o.token_budget);
-  kvfuse::detail::require(o.queue_limit >= 1 && o.queue_limit <= 4096, "--queue-limit: {} must be in [1, 4096]",
+  kvfuse::require(o.port <= 65535, "--port: {} is not a port", o.port);
+  kvfuse::require(o.threads <= 1024, "--threads: {} is more than 1024", o.threads);
+  kvfuse::require(o.token_budget >= 1, "--token-budget: {} must be >= 1", o.token_budget);
+  kvfuse::require(o.queue_limit >= 1 && o.queue_limit <= 4096, "--queue-limit: {} must be in [1, 4096]",
                           o.queue_limit);
-  kvfuse::detail::require(o.max_running >= 1, "--max-running: {} must be >= 1", o.max_running);
-  kvfuse::detail::require(o.max_body_bytes >= 1, "--max-body-bytes: {} must be >= 1", o.max_body_bytes);
-  kvfuse::detail::require(o.max_tokens_default >= 1, "--max-tokens-default: {} must be >= 1", o.max_tokens_default);
+  kvfuse::require(o.max_running >= 1, "--max-running: {} must be >= 1", o.max_running);
+  kvfuse::require(o.max_body_bytes >= 1, "--max-body-bytes: {} must be >= 1", o.max_body_bytes);
+  kvfuse::require(o.max_tokens_default >= 1, "--max-tokens-default: {} must be >= 1", o.max_tokens_default);
   o.model = kvfuse_example::resolve_model(o.model);
   return o;
 }
@@ -132,14 +132,14 @@ Options parse(int argc, char** argv) {
 // A method the server runs; kvfuse::error naming what the batched engine cannot do.
 kvfuse::FusionMethod server_method(std::string_view text) {
   const kvfuse::FusionMethod m = kvfuse::parse_method(text);
-  kvfuse::detail::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
+  kvfuse::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
                           "fusion method '{}': Cache-Craft reuses stored in-context variants, which the batched "
                           "connector does not keep; use cacheblend, attnlink, queryaware, naive or full",
                           text);
-  kvfuse::detail::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
+  kvfuse::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
                           "fusion method '{}': the server stores chunk caches only, no prefix entries", text);
   const auto* blend = std::get_if<kvfuse::CacheBlend>(&m);
-  kvfuse::detail::require(blend == nullptr || !blend->loading_controller,
+  kvfuse::require(blend == nullptr || !blend->loading_controller,
                           "fusion method '{}': CacheBlend's loading controller runs in FusionPipeline, not in the "
                           "batched engine; give r (cacheblend@0.15)",
                           text);
@@ -678,9 +678,9 @@ int main(int argc, char** argv) try {
   int port = static_cast<int>(o.port);
   if (port == 0) {
     port = svr.bind_to_any_port(o.host);
-    kvfuse::detail::require(port > 0, "--host {}: cannot bind a port", o.host);
+    kvfuse::require(port > 0, "--host {}: cannot bind a port", o.host);
   } else {
-    kvfuse::detail::require(svr.bind_to_port(o.host, port), "--host {} --port {}: cannot bind", o.host, port);
+    kvfuse::require(svr.bind_to_port(o.host, port), "--host {} --port {}: cannot bind", o.host, port);
   }
   fmt::print(stderr, "kvfuse-server: model {} ({} layers, context {}, {} threads, {}), store {}, method {} ({})\n",
              o.model, model.config().n_layer, model.config().context_length, model.threads(),

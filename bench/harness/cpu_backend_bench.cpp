@@ -54,7 +54,7 @@
 
 namespace {
 
-using kvfuse::detail::require;
+using kvfuse::require;
 using Clock = std::chrono::steady_clock;
 
 #ifdef KVFUSE_SOURCE_DIR

@@ -21,8 +21,10 @@
 //    "ttft_ms_one_at_a_time": {...}, "ttft_ms_full": {...}, "equal_alone": bool, "hook_overhead": share, ...}
 // throughput: generated tokens / (last finish − first arrival); TTFT: first token − arrival; equal_alone: every
 // request's tokens in the batched arm equal its tokens in the one-at-a-time arm (each request alone, same method,
-// same store); hook_overhead: time inside kvfuse's per-layer hooks (installing loaded layers, the policy) / step
-// time, summed over the batched arm's steps. --out DIR also gets serve_bench.json (the line plus per-request data).
+// same store); hook_overhead: time inside kvfuse's per-layer hooks (FusionConnector's wait_for_layer not counting
+// the blocked wait, after_layer with the method's policy) / step time, summed over the batched arm's steps;
+// load_wait_share: the blocked waits / step time; install_share: the engine copying loaded layers into its KV and
+// RoPE-shifting them / step time. --out DIR also gets serve_bench.json (the line plus per-request data).
 
 #include <algorithm>
 #include <chrono>
@@ -63,7 +65,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    kvfuse::detail::require(i + 1 < argc, "{} needs a value", flag);
+    kvfuse::require(i + 1 < argc, "{} needs a value", flag);
     const std::string v = argv[++i];
     using kvfuse_example::parse_int;
     using kvfuse_example::parse_real;
@@ -82,11 +84,11 @@ Options parse(int argc, char** argv) {
     else if (flag == "--zipf") o.zipf = parse_real(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
   }
-  kvfuse::detail::require(o.requests >= 1 && o.passages >= 1 && o.pool >= o.passages && o.max_tokens >= 1,
+  kvfuse::require(o.requests >= 1 && o.passages >= 1 && o.pool >= o.passages && o.max_tokens >= 1,
                           "--requests {} --passages {} --pool {} --max-tokens {}: need requests, passages, max-tokens "
                           ">= 1 and pool >= passages",
                           o.requests, o.passages, o.pool, o.max_tokens);
-  kvfuse::detail::require(o.rate > 0 && std::isfinite(o.rate), "--rate {} must be > 0", o.rate);
+  kvfuse::require(o.rate > 0 && std::isfinite(o.rate), "--rate {} must be > 0", o.rate);
   (void)kvfuse::parse_method(o.method);
   return o;
 }
@@ -100,7 +102,7 @@ struct ArmResult {
   std::vector<std::vector<kvfuse::token_id>> tokens;  // per request
   std::vector<double> ttft_ms;                        // first token − arrival
   double makespan_s = 0;                              // last finish − first arrival
-  double hook_ms = 0, step_ms = 0, wait_ms = 0;
+  double hook_ms = 0, step_ms = 0, wait_ms = 0, install_ms = 0;
   std::int64_t steps = 0;
 
   [[nodiscard]] double throughput() const {
@@ -150,7 +152,7 @@ ArmResult run_engine(const kvfuse::CpuLlama& model, kvfuse::InMemoryKVStore& sto
     }
     for (const kvfuse::TokenEvent& e : engine.step()) {
       const std::size_t i = index.at(e.request);
-      kvfuse::detail::require(e.status == kvfuse::Status::success, "request {}: {}", i, e.error);
+      kvfuse::require(e.status == kvfuse::Status::success, "request {}: {}", i, e.error);
       if (e.token) {
         if (out.tokens[i].empty()) out.ttft_ms[i] = (since_s(t0) - rs[i].arrival_s) * 1e3;
         out.tokens[i].push_back(*e.token);
@@ -162,6 +164,7 @@ ArmResult run_engine(const kvfuse::CpuLlama& model, kvfuse::InMemoryKVStore& sto
     }
     out.hook_ms += engine.last_step().hook_ms;
     out.wait_ms += engine.last_step().wait_ms;
+    out.install_ms += engine.last_step().install_ms;
     out.step_ms += engine.last_step().step_ms;
     ++out.steps;
   }
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const std::string path = kvfuse_example::resolve_model(o.model);
-    kvfuse::detail::require(std::filesystem::exists(path), "--model: '{}' does not exist (scripts/fetch_model.sh all)",
+    kvfuse::require(std::filesystem::exists(path), "--model: '{}' does not exist (scripts/fetch_model.sh all)",
                             path);
     const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(path);
     const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
@@ -213,7 +216,7 @@ int main(int argc, char** argv) {
         kvfuse_example::load_questions(o.data, 0, std::min<std::int64_t>(questions, o.requests), 10);
     std::vector<std::string> pool;
     for (std::size_t k = 0; static_cast<std::int64_t>(pool.size()) < o.pool; ++k) {
-      kvfuse::detail::require(k < 10 * qs.size(), "--pool {}: the questions hold fewer passages", o.pool);
+      kvfuse::require(k < 10 * qs.size(), "--pool {}: the questions hold fewer passages", o.pool);
       const auto& q = qs[k % qs.size()];
       if (k / qs.size() < q.passages.size()) pool.push_back(q.passages[k / qs.size()]);
     }
@@ -259,6 +262,7 @@ int main(int argc, char** argv) {
         {"equal_alone", equal_alone},
         {"hook_overhead", batched.hook_ms / batched.step_ms},
         {"load_wait_share", batched.wait_ms / batched.step_ms},
+        {"install_share", batched.install_ms / batched.step_ms},
         {"steps", batched.steps},
         {"method", o.method},
         {"requests", o.requests},

@@ -102,7 +102,7 @@ extern char** environ;
 namespace {
 
 using namespace kvfuse;
-using kvfuse::detail::require;
+using kvfuse::require;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 

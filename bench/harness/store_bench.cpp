@@ -65,7 +65,7 @@
 
 namespace {
 
-using kvfuse::detail::require;
+using kvfuse::require;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 

@@ -86,6 +86,7 @@ struct LayerPiece {
 struct LayerLoad {
   Status status = Status::success;
   std::span<const LayerPiece> pieces;
+  double waited_ms = 0.0;  // blocked for a layer still being read (load time the engine sees)
 };
 
 struct SaveResult {
@@ -186,6 +187,7 @@ class FusionConnector {
     work_.notify_all();
     if (r.streams.empty()) return {Status::success, {}};
     const auto done = [&] { return r.ready[l] != 0 || r.failure != Status::success; };
+    const auto blocked = std::chrono::steady_clock::now();
     if (config_.layer_timeout_ms > 0) {
       const auto limit = std::chrono::duration<double, std::milli>(config_.layer_timeout_ms);
       if (!work_done_.wait_for(lock, limit, done)) {
@@ -197,10 +199,12 @@ class FusionConnector {
     } else {
       work_done_.wait(lock, done);
     }
+    const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - blocked).count();
     if (r.failure != Status::success)
       return {refuse(r.failure, "FusionConnector: request %llu: %s", static_cast<unsigned long long>(request),
                      r.why.c_str()),
-              {}};
+              {},
+              waited};
     std::size_t offset = 0;
     for (std::size_t s = 0; s < r.streams.size(); ++s) {
       const ChunkPlan& c = r.plan.chunks[r.streams[s]];
@@ -208,7 +212,7 @@ class FusionConnector {
       r.pieces[s] = {c.range, c.stored_first_position, std::span<const std::byte>(r.layers[l]).subspan(offset, bytes)};
       offset += bytes;
     }
-    return {Status::success, r.pieces};
+    return {Status::success, r.pieces, waited};
   }
 
   // After layer report.layer: S_{l+1} into `next` (empty: S_l kept) by the plan's per-layer policy.

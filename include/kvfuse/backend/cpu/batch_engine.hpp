@@ -88,8 +88,9 @@ struct StepStats {
   std::int64_t prefill_rows = 0;       // |S_0| of the step's prefills (chunk caches included)
   std::int64_t items = 0;              // requests (and chunk caches) in the batch
   double step_ms = 0.0;
-  double hook_ms = 0.0;                // inside kvfuse's per-layer hooks: installing loaded layers, the policies
-  double wait_ms = 0.0;                // waiting in the hooks for a layer still being read (visible load time)
+  double hook_ms = 0.0;                // inside kvfuse's per-layer hooks (FusionConnector), not blocked: the policies
+  double wait_ms = 0.0;                // blocked in wait_for_layer for a layer still being read (visible load time)
+  double install_ms = 0.0;             // the engine installing loaded layers into its KV and RoPE-shifting them
 };
 
 struct BatchEngineConfig {
@@ -333,7 +334,8 @@ class CpuBatchEngine {
       const auto t0 = Clock::now();
       const LayerLoad load = e.connector_.wait_for_layer(role.id, layer);
       const auto t1 = Clock::now();
-      e.stats_.wait_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+      e.stats_.wait_ms += load.waited_ms;
+      e.stats_.hook_ms += std::chrono::duration<double, std::milli>(t1 - t0).count() - load.waited_ms;
       if (load.status != Status::success) return load.status;
       CpuLlamaFusion& fusion = e.running_.at(role.id)->fusion;
       Status status = Status::success;
@@ -347,7 +349,7 @@ class CpuBatchEngine {
         status = refuse(Status::corrupt_entry, "CpuBatchEngine: request %llu, layer %lld: %s",
                         static_cast<unsigned long long>(role.id), static_cast<long long>(layer), e2.what());
       }
-      e.stats_.hook_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+      e.stats_.install_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
       return status;
     }
     Status after_layer(std::size_t item, const LayerReport& report, TokenSet& next) override {
