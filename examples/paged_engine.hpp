@@ -17,7 +17,8 @@
 // engine runs its own kernels on its own pages here (kvfuse::cuda has RoPE shift, sparse-query attention,
 // KV deviation and paged KV scatter / gather for that); the point of the toy is the layout and the calls.
 //
-// Not thread-safe; one request at a time. The model must outlive the engine.
+// Not thread-safe; one request at a time (paged_batch_engine.hpp: several, batched in one step). The model must
+// outlive the engine.
 
 #include <algorithm>
 #include <cstddef>
