@@ -63,6 +63,30 @@ struct StoreWithBatchGetOfPointers : MinimalStore {  // get_many must return one
     return std::vector<const kvfuse::KVBlock*>(keys.size());
   }
 };
+struct MinimalRangedStore : MinimalStore {
+  std::optional<kvfuse::KVBlockInfo> describe(const kvfuse::KVKey&) { return std::nullopt; }
+  std::optional<std::vector<std::byte>> get_range(const kvfuse::KVKey&, const kvfuse::KVBlockInfo&, std::uint64_t,
+                                                  std::uint64_t) {
+    return std::nullopt;
+  }
+  bool get_into(const kvfuse::KVKey&, const kvfuse::KVBlockInfo&, std::uint64_t, std::span<std::byte>) { return false; }
+};
+struct RangedStoreWithoutGetInto : MinimalStore {  // get_into is part of RangedKVStore
+  std::optional<kvfuse::KVBlockInfo> describe(const kvfuse::KVKey&) { return std::nullopt; }
+  std::optional<std::vector<std::byte>> get_range(const kvfuse::KVKey&, const kvfuse::KVBlockInfo&, std::uint64_t,
+                                                  std::uint64_t) {
+    return std::nullopt;
+  }
+};
+struct TierStoreWithPlacementState : MinimalStore {  // the tier is an argument of the put, not store-wide state
+  std::vector<kvfuse::StorageDevice> tier_devices() const { return {}; }
+  void set_placement(std::size_t) {}
+};
+struct TierStoreWithPutIntoTier : MinimalStore {
+  using MinimalStore::put;
+  std::vector<kvfuse::StorageDevice> tier_devices() const { return {}; }
+  void put(const kvfuse::KVKey&, kvfuse::KVBlock, std::size_t) {}
+};
 
 }  // namespace
 
@@ -70,6 +94,12 @@ struct StoreWithBatchGetOfPointers : MinimalStore {  // get_many must return one
 static_assert(kvfuse::KVStore<kvfuse::InMemoryKVStore>);
 static_assert(kvfuse::KVStore<kvfuse::DiskKVStore>);
 static_assert(kvfuse::KVStore<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>>);
+static_assert(kvfuse::RangedKVStore<kvfuse::InMemoryKVStore> && kvfuse::RangedKVStore<kvfuse::DiskKVStore>);
+static_assert(kvfuse::RangedKVStore<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>>);
+static_assert(kvfuse::RangedKVStore<kvfuse::ThrottledKVStore<kvfuse::DiskKVStore>>);
+static_assert(kvfuse::MeasuredTierStore<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>>);
+static_assert(!kvfuse::MeasuredTierStore<kvfuse::InMemoryKVStore>);
+static_assert(!kvfuse::RangedKVStore<kvfuse::SimulatedStore>);
 // Two tiers exactly: a tiered store is not a tier of another (its tier tags would be overwritten).
 template <class F, class S>
 concept Tierable = requires { typename kvfuse::TieredKVStore<F, S>; };
@@ -90,6 +120,10 @@ static_assert(!kvfuse::KVStore<StoreWithoutErase>);
 static_assert(!kvfuse::KVStore<StoreWithoutBatches>);
 static_assert(!kvfuse::KVStore<StoreWithMutableContainsMany>);
 static_assert(!kvfuse::KVStore<StoreWithBatchGetOfPointers>);
+static_assert(kvfuse::RangedKVStore<MinimalRangedStore>);
+static_assert(!kvfuse::RangedKVStore<RangedStoreWithoutGetInto>);
+static_assert(kvfuse::MeasuredTierStore<TierStoreWithPutIntoTier>);
+static_assert(!kvfuse::MeasuredTierStore<TierStoreWithPlacementState>);
 static_assert(!kvfuse::KVStore<kvfuse::SimulatedCompute>);
 static_assert(!kvfuse::ComputeBackend<kvfuse::InMemoryKVStore>);
 static_assert(kvfuse::DecodingBackend<MinimalDecoding>);

@@ -42,7 +42,8 @@ constexpr std::size_t page = kvfuse::kv_entry_page_bytes;
 // `bytes` bytes, each a function of its index and `seed`, so that every range of every block differs.
 KVBlock block_of(std::uint64_t seed, std::size_t bytes, std::int64_t first_position = 0) {
   KVBlock block{static_cast<std::int64_t>(bytes / 64), std::vector<std::byte>(bytes), first_position};
-  for (std::size_t i = 0; i < bytes; ++i) block.bytes[i] = static_cast<std::byte>((i * 131 + seed * 7 + i / 251) & 0xff);
+  for (std::size_t i = 0; i < bytes; ++i)
+    block.bytes[i] = static_cast<std::byte>((i * 131 + seed * 7 + i / 251) & 0xff);
   return block;
 }
 

@@ -1,7 +1,7 @@
 // DiskKVStore under real faults: a writer SIGKILLed in the middle of puts (no torn entry, and the temp files it
 // leaves are swept by the next store opened on the directory), a full disk (writes past RLIMIT_FSIZE fail with
-// EFBIG) and a read-only directory (an unprivileged process): puts fail with kvfuse::error naming the file, a
-// TieredKVStore in front keeps serving from memory, and nothing wrong is ever read.
+// EFBIG) and a read-only directory (an unprivileged process): puts fail with kvfuse::error naming the file (code
+// Status::store_unavailable), a TieredKVStore in front keeps serving from memory, and nothing wrong is ever read.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -100,7 +100,7 @@ TEST_CASE("sweep_temp_files keeps live writers' temp files and removes old ones"
   CHECK_THROWS_AS(DiskKVStore(tmp.path, kvfuse::DiskKVStoreOptions{std::chrono::seconds(-1)}), kvfuse::error);
 }
 
-TEST_CASE("a full disk: puts fail with kvfuse::error and leave no temp file; the tiered store keeps serving") {
+TEST_CASE("a full disk: puts fail with kvfuse::error, store_unavailable, no temp file left; the tiered store serves") {
   kvfuse_test::TempDir tmp;
   kvfuse::InMemoryKVStore memory;
   DiskKVStore disk(tmp.path);
@@ -117,10 +117,12 @@ TEST_CASE("a full disk: puts fail with kvfuse::error and leave no temp file; the
   limited.rlim_cur = 1 << 20;
   REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
   std::string message;
+  std::optional<kvfuse::Status> code;
   try {
     disk.put(big_key, filled(std::size_t{4} << 20, 0x22));
   } catch (const kvfuse::error& e) {
     message = e.what();
+    code = e.code();
   }
   tiered.put(big_key, filled(std::size_t{4} << 20, 0x22));
   REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
@@ -128,6 +130,7 @@ TEST_CASE("a full disk: puts fail with kvfuse::error and leave no temp file; the
 
   CHECK(message.find(disk.path_for(big_key).string()) != std::string::npos);
   CHECK(message.find("failed") != std::string::npos);
+  CHECK(code == kvfuse::Status::store_unavailable);
   CHECK(count_suffix(tmp.path, ".tmp") == 0);
   CHECK_FALSE(disk.contains(big_key));
   CHECK(tiered.slow_put_failures() == 1);
@@ -138,7 +141,7 @@ TEST_CASE("a full disk: puts fail with kvfuse::error and leave no temp file; the
   CHECK(disk.get(small_key)->bytes == filled(4096, 0x11).bytes);
 }
 
-TEST_CASE("a read-only store directory: puts fail with kvfuse::error, reads still work, the tiered store serves") {
+TEST_CASE("a read-only store directory: puts fail with kvfuse::error (store_unavailable), reads work, tiers serve") {
   kvfuse_test::TempDir tmp;
   const KVKey old_key{0x6, 0x1};
   const KVKey new_key{0x6, 0x2};
@@ -165,6 +168,7 @@ TEST_CASE("a read-only store directory: puts fail with kvfuse::error, reads stil
       failed |= 1;  // the put must throw
     } catch (const kvfuse::error& e) {
       if (std::string(e.what()).find(disk.path_for(new_key).string()) == std::string::npos) failed |= 2;
+      if (e.code() != kvfuse::Status::store_unavailable) failed |= 16;
     }
     const std::optional<KVBlock> old = disk.get(old_key);
     if (!old || old->bytes != filled(4096, 0x33).bytes) failed |= 4;
@@ -178,7 +182,7 @@ TEST_CASE("a read-only store directory: puts fail with kvfuse::error, reads stil
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);
   REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // bits: 1 put did not throw, 2 message, 4 old entry, 8 tiered store
+  CHECK(WEXITSTATUS(status) == 0);  // bits: 1 put did not throw, 2 message, 4 old entry, 8 tiered store, 16 code
   fs::permissions(tmp.path, fs::perms::owner_all);
   CHECK(count_suffix(tmp.path, ".tmp") == 0);
 }

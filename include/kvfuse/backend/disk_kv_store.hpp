@@ -99,7 +99,8 @@ struct DiskKVStoreOptions {
 class DiskKVStore {
  public:
   // Creates `dir` (and its parents) when missing; throws kvfuse::error naming `dir` when it cannot
-  // (Status::store_unavailable), or when it exists and is not a directory (Status::invalid_argument). Then sweeps the temp files of dead writers (sweep_temp_files).
+  // (Status::store_unavailable), or when it exists and is not a directory (Status::invalid_argument). Then sweeps
+  // the temp files of dead writers (sweep_temp_files).
   explicit DiskKVStore(std::filesystem::path dir, DiskKVStoreOptions options = {})
       : dir_(std::move(dir)), options_(options) {
     detail::require(options_.temp_max_age.count() >= 0, "DiskKVStoreOptions: temp_max_age = {} s must be >= 0",

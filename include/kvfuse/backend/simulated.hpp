@@ -208,9 +208,13 @@ class SimulatedStore {
   SimulatedStore(LinkCostModel link, ResourceTrace trace) : link_(link), trace_(std::move(trace)) { link_.validate(); }
 
   [[nodiscard]] bool contains(const KVKey& key) const { return store_.contains(key); }
-  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const { return store_.contains_many(keys); }
+  [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
+    return store_.contains_many(keys);
+  }
   [[nodiscard]] std::optional<KVBlock> get(const KVKey& key) { return store_.get(key); }
-  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) { return store_.get_many(keys); }
+  [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
+    return store_.get_many(keys);
+  }
   void put(const KVKey& key, KVBlock block) { store_.put(key, std::move(block)); }
   bool erase(const KVKey& key) { return store_.erase(key); }
 

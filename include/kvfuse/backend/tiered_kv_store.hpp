@@ -124,9 +124,10 @@ class TieredKVStore {
 
   [[nodiscard]] std::vector<bool> contains_many(std::span<const KVKey> keys) const {
     std::vector<bool> out(keys.size(), false);
-    each_tier_once(
-        keys, [&](std::size_t t, std::span<const KVKey> ask) { return on_tier(t, [&](auto& tier) { return tier.contains_many(ask); }); },
-        [&](std::size_t i, std::size_t, bool) { out[i] = true; });
+    const auto ask = [&](std::size_t t, std::span<const KVKey> missing) {
+      return on_tier(t, [&](auto& tier) { return tier.contains_many(missing); });
+    };
+    each_tier_once(keys, ask, [&](std::size_t i, std::size_t, bool) { out[i] = true; });
     return out;
   }
 
@@ -143,14 +144,16 @@ class TieredKVStore {
 
   [[nodiscard]] std::vector<std::optional<KVBlock>> get_many(std::span<const KVKey> keys) {
     std::vector<std::uint64_t> writes(keys.size());
-    for (std::size_t i = 0; i < keys.size(); ++i) writes[i] = stripe_of(keys[i]).writes.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      writes[i] = stripe_of(keys[i]).writes.load(std::memory_order_acquire);
     std::vector<std::optional<KVBlock>> out(keys.size());
-    each_tier_once(
-        keys, [&](std::size_t t, std::span<const KVKey> ask) { return timed(t, [&](auto& tier) { return tier.get_many(ask); }); },
-        [&](std::size_t i, std::size_t t, std::optional<KVBlock>&& block) {
-          if (t > 0) promote(keys[i], *block, t, writes[i]);
-          out[i] = std::move(block);
-        });
+    const auto ask = [&](std::size_t t, std::span<const KVKey> missing) {
+      return timed(t, [&](auto& tier) { return tier.get_many(missing); });
+    };
+    each_tier_once(keys, ask, [&](std::size_t i, std::size_t t, std::optional<KVBlock>&& block) {
+      if (t > 0) promote(keys[i], *block, t, writes[i]);
+      out[i] = std::move(block);
+    });
     return out;
   }
 
@@ -391,7 +394,8 @@ class TieredKVStore {
     } else if constexpr (std::is_same_v<decltype(result), bool>) {
       if (result) bytes = static_cast<std::int64_t>(range);
     } else if constexpr (std::is_same_v<decltype(result), std::vector<std::optional<KVBlock>>>) {
-      for (const std::optional<KVBlock>& block : result) bytes += block ? static_cast<std::int64_t>(block->bytes.size()) : 0;
+      for (const std::optional<KVBlock>& block : result)
+        bytes += block ? static_cast<std::int64_t>(block->bytes.size()) : 0;
     }
     std::lock_guard lock(mutex_);
     stats_[tier].add(bytes, seconds);
