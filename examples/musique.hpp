@@ -55,13 +55,23 @@ inline std::filesystem::path cache_dir() {
 }
 
 // A model by name as scripts/fetch_model.sh fetches it ("smollm2": $KVFUSE_MODEL or the cached SmolLM2 file;
-// "gemma3": $KVFUSE_GEMMA3_MODEL or the cached Gemma 3 270M file); any other argument is a path.
+// "gemma3": $KVFUSE_GEMMA3_MODEL or the cached Gemma 3 270M file; "qwen2": $KVFUSE_QWEN2_MODEL or the cached
+// Qwen2.5-Coder-0.5B-Instruct file); any other argument is a path.
 inline std::string resolve_model(std::string_view name_or_path = "smollm2") {
-  if (name_or_path != "smollm2" && name_or_path != "gemma3") return std::string(name_or_path);
-  const bool smollm2 = name_or_path == "smollm2";
-  if (const char* m = std::getenv(smollm2 ? "KVFUSE_MODEL" : "KVFUSE_GEMMA3_MODEL"); m != nullptr && *m != '\0')
-    return m;
-  return (cache_dir() / (smollm2 ? "SmolLM2-135M-Instruct.Q4_1.gguf" : "gemma-3-270m-q4_k_m.gguf")).string();
+  struct Known {
+    std::string_view name;
+    const char* override_var;
+    const char* file_name;
+  };
+  static constexpr Known known[] = {{"smollm2", "KVFUSE_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf"},
+                                    {"gemma3", "KVFUSE_GEMMA3_MODEL", "gemma-3-270m-q4_k_m.gguf"},
+                                    {"qwen2", "KVFUSE_QWEN2_MODEL", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"}};
+  for (const Known& k : known) {
+    if (name_or_path != k.name) continue;
+    if (const char* m = std::getenv(k.override_var); m != nullptr && *m != '\0') return m;
+    return (cache_dir() / k.file_name).string();
+  }
+  return std::string(name_or_path);
 }
 
 struct Question {

@@ -9,13 +9,14 @@
 //
 //   kvfuse-rag-eval --data musique_dev.json [--methods full,prefix,naive,cacheblend,attnlink,cachecraft,...]
 //                   [--limit 20] [--start 0] [--max-passages 10] [--max-passage-tokens 0] [--max-new-tokens 32]
-//                   [--out DIR] [--cache-dir DIR] [--model smollm2|gemma3|GGUF] [--threads 0] [--no-plot]
+//                   [--out DIR] [--cache-dir DIR] [--model smollm2|gemma3|qwen2|GGUF] [--threads 0] [--no-plot]
 //                   [--store-dtype f32] [--store memory|disk|tiered|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
 //                   [--link-mbps X] [--link-latency-ms Y]
 //                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp]
 //                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
 //
-// --model smollm2 (default) or gemma3 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF path.
+// --model smollm2 (default), gemma3 or qwen2 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF
+// path.
 //
 // --engine llamacpp runs every method inside llama.cpp (kvfuse::llamacpp::LlamaCppFusion; a build with
 // -DKVFUSE_LLAMACPP=ON): full prefill, TTFT and the fidelity figures are llama.cpp's own. It is a fixed-set
@@ -203,8 +204,8 @@ Options parse(int argc, char** argv) {
                           "--link-latency-ms: {} must be >= 0", o.link_latency_ms);
   o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
   kvfuse::require(fs::exists(o.model),
-                          "--model: '{}' does not exist (smollm2, gemma3 or a GGUF path; fetch the two with "
-                          "scripts/fetch_model.sh all)",
+                          "--model: '{}' does not exist (smollm2, gemma3, qwen2 or a GGUF path; fetch the three "
+                          "with scripts/fetch_model.sh all)",
                           o.model);
   o.methods = split(methods);
   // Full prefill is the reference every other number is measured against: always run, first.

@@ -56,11 +56,12 @@ if ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
-# The real models for the real-model tests (SmolLM2 and Gemma 3 GGUFs from PyPI, sha256-checked, cached).
+# The real models for the real-model tests (SmolLM2, Gemma 3 and Qwen2 GGUFs from PyPI, sha256-checked, cached).
 step "models (scripts/fetch_model.sh all)" bash scripts/fetch_model.sh all
 KVFUSE_MODEL=$(bash scripts/fetch_model.sh smollm2)
 KVFUSE_GEMMA3_MODEL=$(bash scripts/fetch_model.sh gemma3)
-export KVFUSE_MODEL KVFUSE_GEMMA3_MODEL
+KVFUSE_QWEN2_MODEL=$(bash scripts/fetch_model.sh qwen2)
+export KVFUSE_MODEL KVFUSE_GEMMA3_MODEL KVFUSE_QWEN2_MODEL
 
 # llama.cpp's source for the integration (integrations/llamacpp; the ci preset builds it): the copy vendored in the
 # llama-cpp-python sdist on PyPI, sha256-checked, cached. CMake reads the path from the environment.

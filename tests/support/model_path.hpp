@@ -1,7 +1,9 @@
 #pragma once
 // The real models the real-model tests run on, and how they skip. The paths follow scripts/fetch_model.sh:
 // SmolLM2: $KVFUSE_MODEL, else <cache>/SmolLM2-135M-Instruct.Q4_1.gguf; Gemma 3: $KVFUSE_GEMMA3_MODEL, else
-// <cache>/gemma-3-270m-q4_k_m.gguf; <cache> = ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfuse}.
+// <cache>/gemma-3-270m-q4_k_m.gguf; Qwen2.5-Coder-0.5B-Instruct: $KVFUSE_QWEN2_MODEL, else
+// <cache>/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf;
+// <cache> = ${KVFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfuse}.
 //
 // Real-model test cases are named "real model: ..." and CTest runs them as their own test
 // (unit.<file>.real_model). A case that cannot run calls skip(): it says why, and the binary (tests/main.cpp)
@@ -15,14 +17,33 @@
 
 namespace kvfuse_test {
 
-enum class RealModel { smollm2, gemma3 };
+enum class RealModel { smollm2, gemma3, qwen2 };
+
+// The override variable, cached file name and fetch_model.sh argument of each model.
+struct RealModelFiles {
+  const char* override_var;
+  const char* file_name;
+  const char* fetch_name;
+};
+
+inline RealModelFiles real_model_files(RealModel which) {
+  switch (which) {
+    case RealModel::gemma3:
+      return {"KVFUSE_GEMMA3_MODEL", "gemma-3-270m-q4_k_m.gguf", "gemma3"};
+    case RealModel::qwen2:
+      return {"KVFUSE_QWEN2_MODEL", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2"};
+    case RealModel::smollm2:
+      break;
+  }
+  return {"KVFUSE_MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"};
+}
 
 inline std::filesystem::path model_path(RealModel which = RealModel::smollm2) {
   const auto env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
     return v != nullptr ? std::string(v) : std::string();
   };
-  const char* override_var = which == RealModel::smollm2 ? "KVFUSE_MODEL" : "KVFUSE_GEMMA3_MODEL";
+  const char* override_var = real_model_files(which).override_var;
   if (!env(override_var).empty()) return env(override_var);
   std::filesystem::path cache;
   if (!env("KVFUSE_CACHE_DIR").empty()) {
@@ -32,7 +53,7 @@ inline std::filesystem::path model_path(RealModel which = RealModel::smollm2) {
   } else {
     cache = std::filesystem::path(env("HOME")) / ".cache" / "kvfuse";
   }
-  return cache / (which == RealModel::smollm2 ? "SmolLM2-135M-Instruct.Q4_1.gguf" : "gemma-3-270m-q4_k_m.gguf");
+  return cache / real_model_files(which).file_name;
 }
 
 // Test cases that called skip() in this run of the binary.
@@ -61,9 +82,9 @@ inline std::optional<std::filesystem::path> real_model(bool optimized_only, Real
   }
   const std::filesystem::path path = model_path(which);
   if (!std::filesystem::exists(path)) {
-    skip("no model at " + path.string() +
-         (which == RealModel::smollm2 ? " (run scripts/fetch_model.sh or set KVFUSE_MODEL)"
-                                      : " (run scripts/fetch_model.sh gemma3 or set KVFUSE_GEMMA3_MODEL)"));
+    const RealModelFiles files = real_model_files(which);
+    skip("no model at " + path.string() + " (run scripts/fetch_model.sh " + files.fetch_name + " or set " +
+         files.override_var + ")");
     return std::nullopt;
   }
   return path;

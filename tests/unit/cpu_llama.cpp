@@ -827,10 +827,10 @@ TEST_CASE("LlamaConfig / LlamaWeights from a GGUF file: [ne0 = in, ne1 = out] we
   LlamaConfig odd = c;
   odd.n_head_kv = 3;
   GGUFWriter g;
-  g.str("general.architecture", "qwen2");
+  g.str("general.architecture", "phi3");
   CHECK(error_of([&] {
           (void)LlamaConfig::from_gguf(kvfuse::GGUFFile::parse(g.bytes()));
-        }).find("architecture 'qwen2'") != std::string::npos);
+        }).find("architecture 'phi3'") != std::string::npos);
   const std::vector<std::byte> gqa = tiny_gguf(odd, w, [](GGUFWriter&) {});
   CHECK(error_of([&] {
           (void)LlamaConfig::from_gguf(kvfuse::GGUFFile::parse(gqa));

@@ -21,8 +21,9 @@ struct ChatMessage {
 // A chat template, recognised from its Jinja source rather than run: only ChatML
 // ("<|im_start|>{role}\n{content}<|im_end|>\n" per message, "<|im_start|>assistant\n" as generation
 // prompt) is supported; anything else throws kvfuse::error on construction. When the template injects a
-// default system message if the first message is not a system one (SmolLM2's does), that text is taken from
-// the template's first '<|im_start|>system\n...<|im_end|>' literal and injected the same way.
+// default system message if the first message is not a system one (SmolLM2's does, in an "if ... != 'system'"
+// branch; Qwen2's in the "else" of "if messages[0]['role'] == 'system'"), that text is taken from the template's
+// first '<|im_start|>system\n...<|im_end|>' literal with plain text inside and injected the same way.
 class ChatTemplate {
  public:
   explicit ChatTemplate(std::string_view source);
@@ -43,21 +44,22 @@ inline ChatTemplate::ChatTemplate(std::string_view source) {
                   source.substr(0, 120));
   // The default system message, when the template inserts one for a conversation without a system message.
   // Its literal may spell the newline as a real newline or as the Jinja escape "\n".
-  if (source.find("!= 'system'") == std::string_view::npos && source.find("!= \"system\"") == std::string_view::npos) {
-    return;
-  }
+  const bool tests_role = source.find("!= 'system'") != std::string_view::npos ||
+                          source.find("!= \"system\"") != std::string_view::npos ||
+                          source.find("['role'] == 'system'") != std::string_view::npos;
+  if (!tests_role) return;
   for (std::string_view newline : {std::string_view("\n"), std::string_view("\\n")}) {
     const std::string head = fmt::format("<|im_start|>system{}", newline);
-    const std::size_t at = source.find(head);
-    if (at == std::string_view::npos) continue;
-    const std::size_t begin = at + head.size();
-    const std::size_t end = source.find("<|im_end|>", begin);
-    if (end == std::string_view::npos) continue;
-    const std::string_view text = source.substr(begin, end - begin);
-    // Only a plain literal counts; an expression such as '{{ messages[0].content }}' is not a default.
-    if (text.find_first_of("{}'\"\\") != std::string_view::npos) continue;
-    default_system_ = std::string(text);
-    return;
+    for (std::size_t at = source.find(head); at != std::string_view::npos; at = source.find(head, at + 1)) {
+      const std::size_t begin = at + head.size();
+      const std::size_t end = source.find("<|im_end|>", begin);
+      if (end == std::string_view::npos) break;
+      const std::string_view text = source.substr(begin, end - begin);
+      // Only a plain literal counts; an expression such as '{{ messages[0].content }}' is not a default.
+      if (text.find_first_of("{}'\"\\") != std::string_view::npos) continue;
+      default_system_ = std::string(text);
+      return;
+    }
   }
 }
 

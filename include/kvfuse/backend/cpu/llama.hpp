@@ -24,6 +24,8 @@
 //   RoPE, with layer l's own θ (LlamaConfig::rope_theta(l): rope_base_local on local layers); scores
 //   q·k · attention_scale; h += RMSNorm(W_o ·) ⊙ attn_post_norm;  h += RMSNorm(W_down (gelu_tanh(W_gate x) ⊙
 //   W_up x)) ⊙ ffn_post_norm;  logits soft-capped when final_logit_softcap is set.
+// qwen2 (llama.cpp LLM_ARCH_QWEN2, models/qwen2.cpp) is the llama loop with q = W_q x + bq, k = W_k x + bk,
+// v = W_v x + bv and NeoX RoPE pairing.
 //
 // Attention mask: a query at position p attends to every KV row whose position is <= p, wherever that row
 // sits in the cache — the exact causal mask by position; on a local (sliding-window) layer only to rows at
@@ -809,6 +811,11 @@ class CpuLlama {
       project(x, w.wq, q, panels);
       project(x, w.wk, k, panels);
       project(x, w.wv, v, panels);
+      if (w.bq.size() != 0) {  // qwen2's Q / K / V biases (LlamaWeights::validate: all three or none)
+        q.rowwise() += w.bq.transpose();
+        k.rowwise() += w.bk.transpose();
+        v.rowwise() += w.bv.transpose();
+      }
       if (gemma3) {
         rms_norm_heads(q, config_.n_head, w.attn_q_norm);
         rms_norm_heads(k, config_.n_head_kv, w.attn_k_norm);
@@ -991,6 +998,8 @@ class CpuLlama {
       for (const Eigen::VectorXf* v : {&w.attn_norm, &w.ffn_norm, &w.attn_q_norm, &w.attn_k_norm, &w.attn_post_norm,
                                        &w.ffn_post_norm})
         vector(*v);
+      if (w.bq.size() != 0)  // qwen2 only, so the other architectures' fingerprints stay as they were
+        for (const Eigen::VectorXf* v : {&w.bq, &w.bk, &w.bv}) vector(*v);
     }
     return h.digest();
   }

@@ -9,10 +9,12 @@
 // plus embeddings scaled by sqrt(n_embd), a per-head RMSNorm of Q and K, RMSNorms of the attention and MLP
 // outputs before each residual add, a GELU (tanh approximation) gated MLP, NeoX RoPE pairing, interleaved
 // local (sliding-window) and global attention layers with their own RoPE bases, an optional final logit
-// soft-cap. Everything else is refused with a kvfuse::error naming it: other architectures, YaRN and other
+// soft-cap. Architecture "qwen2" (llama.cpp LLM_ARCH_QWEN2, Qwen2 and Qwen2.5): the llama block with biases
+// added to the Q, K and V projections (attn_q.bias, attn_k.bias, attn_v.bias, all three required) and NeoX
+// RoPE pairing. Everything else is refused with a kvfuse::error naming it: other architectures, YaRN and other
 // RoPE scaling types, partial rotary embeddings (rope.dimension_count != head_dim), n_head not a multiple of
-// n_head_kv, mixture-of-experts, bias or other extra tensors (EmbeddingGemma's dense_2 / dense_3 projections
-// among them), sliding-window patterns in a form llama.cpp does not define.
+// n_head_kv, mixture-of-experts, other bias or extra tensors (attn_output.bias, output.bias, EmbeddingGemma's
+// dense_2 / dense_3 projections among them), sliding-window patterns in a form llama.cpp does not define.
 
 #include <cmath>
 #include <cstddef>
@@ -39,10 +41,11 @@
 namespace kvfuse {
 
 // The decoder a LlamaConfig describes: llama.cpp's graph of that name. There is one forward pass; the
-// gemma3 steps (see the header comment) are switched on by it.
+// gemma3 steps and the qwen2 biases (see the header comment) are switched on by it.
 enum class LlamaArchitecture : int {
   llama = 0,   // LLM_ARCH_LLAMA
   gemma3 = 1,  // LLM_ARCH_GEMMA3
+  qwen2 = 2,   // LLM_ARCH_QWEN2
 };
 
 struct LlamaConfig {
@@ -62,7 +65,8 @@ struct LlamaConfig {
   // unknown. CpuLlama refuses to compute a row at a position >= it unless CpuLlamaOptions::allow_beyond_context.
   std::int64_t context_length = 0;
 
-  // The architecture and the settings only gemma3 has (llama keeps the neutral defaults; validate() checks).
+  // The architecture and the settings only gemma3 has (llama and qwen2 keep the neutral defaults; validate()
+  // checks).
   LlamaArchitecture architecture = LlamaArchitecture::llama;
   // Local layers attend within a sliding window (llama.cpp LLAMA_SWA_TYPE_STANDARD): a query at position p
   // sees a key at position p_k iff p − sliding_window < p_k <= p. Global layers are plain causal.
@@ -116,8 +120,8 @@ struct LlamaConfig {
     return theta;
   }
 
-  // Reads the llama.* or gemma3.* metadata of a GGUF file (and, for llama, the tensor rope_freqs.weight when
-  // present); refuses what the backend does not implement (see the header comment).
+  // Reads the llama.*, gemma3.* or qwen2.* metadata of a GGUF file (and, for llama, the tensor rope_freqs.weight
+  // when present); refuses what the backend does not implement (see the header comment).
   [[nodiscard]] static LlamaConfig from_gguf(const GGUFFile& file);
 
   void validate() const {
@@ -161,17 +165,22 @@ struct LlamaConfig {
   void read_gemma3(const GGUFFile& file);
 
   void validate_architecture() const {
-    if (architecture == LlamaArchitecture::llama) {
+    if (architecture == LlamaArchitecture::llama || architecture == LlamaArchitecture::qwen2) {
+      const char* name = architecture == LlamaArchitecture::llama ? "llama" : "qwen2";
       detail::require(sliding_window == 0 && local_layers.empty() && embedding_scale == 1.0 && attention_scale == 0.0 &&
                           final_logit_softcap == 0.0,
-                      "LlamaConfig: architecture llama has no sliding window, local layers, embedding scale, attention "
+                      "LlamaConfig: architecture {} has no sliding window, local layers, embedding scale, attention "
                       "scale or logit soft-cap (sliding_window = {}, {} local_layers, embedding_scale = {}, "
                       "attention_scale = {}, final_logit_softcap = {})",
-                      sliding_window, local_layers.size(), embedding_scale, attention_scale, final_logit_softcap);
+                      name, sliding_window, local_layers.size(), embedding_scale, attention_scale, final_logit_softcap);
+      detail::require(architecture == LlamaArchitecture::llama || rope_freq_factors.empty(),
+                      "LlamaConfig: qwen2 has no rope_freq_factors (llama.cpp's qwen2 graph applies none); got {}",
+                      rope_freq_factors.size());
       return;
     }
     detail::require(architecture == LlamaArchitecture::gemma3,
-                    "LlamaConfig: architecture = {} is neither llama nor gemma3", static_cast<int>(architecture));
+                    "LlamaConfig: architecture = {} is none of llama, gemma3 and qwen2",
+                    static_cast<int>(architecture));
     detail::require(rope_freq_factors.empty(),
                     "LlamaConfig: gemma3 has no rope_freq_factors (llama.cpp's gemma3 graph applies none); got {}",
                     rope_freq_factors.size());
@@ -209,12 +218,16 @@ struct LlamaLayerWeights {
   WeightMatrix w_gate;        // [n_ff][n_embd]
   WeightMatrix w_up;          // [n_ff][n_embd]
   WeightMatrix w_down;        // [n_embd][n_ff]
-  // gemma3 only (empty for llama): the RMSNorm weights of each Q and each K head ([head_dim]), and of the
+  // gemma3 only (empty otherwise): the RMSNorm weights of each Q and each K head ([head_dim]), and of the
   // attention and MLP outputs before they join the residual stream ([n_embd]).
   Eigen::VectorXf attn_q_norm;
   Eigen::VectorXf attn_k_norm;
   Eigen::VectorXf attn_post_norm;
   Eigen::VectorXf ffn_post_norm;
+  // qwen2 only (empty otherwise): the biases of the Q, K and V projections, q = W_q x + bq and so on.
+  Eigen::VectorXf bq;  // [q_dim]
+  Eigen::VectorXf bk;  // [kv_dim]
+  Eigen::VectorXf bv;  // [kv_dim]
 };
 
 struct LlamaWeights {
@@ -263,8 +276,16 @@ struct LlamaWeights {
         detail::require(w.attn_q_norm.size() == 0 && w.attn_k_norm.size() == 0 && w.attn_post_norm.size() == 0 &&
                             w.ffn_post_norm.size() == 0,
                         "LlamaWeights: {}has gemma3 norms (attn_q_norm, attn_k_norm, attn_post_norm, ffn_post_norm), "
-                        "which architecture llama does not have",
-                        at);
+                        "which architecture {} does not have",
+                        at, config.architecture == LlamaArchitecture::llama ? "llama" : "qwen2");
+      }
+      if (config.architecture == LlamaArchitecture::qwen2) {
+        vector(w.bq, config.q_dim(), at + "bq");
+        vector(w.bk, config.kv_dim(), at + "bk");
+        vector(w.bv, config.kv_dim(), at + "bv");
+      } else {
+        detail::require(w.bq.size() == 0 && w.bk.size() == 0 && w.bv.size() == 0,
+                        "LlamaWeights: {}has Q / K / V biases (bq, bk, bv), which only architecture qwen2 has", at);
       }
     }
   }
@@ -272,15 +293,17 @@ struct LlamaWeights {
   // The tensors of a GGUF Llama file: token_embd, output_norm, output (absent: tied to
   // token_embd), blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
   // ffn_down}.weight, for gemma3 also blk.N.{attn_q_norm, attn_k_norm, post_attention_norm,
-  // post_ffw_norm}.weight. The gemma3 norm weights are used as stored: llama.cpp's converter already added
-  // the 1 of Gemma's RMSNorm (x · (1 + w)) to them. A 2-D ggml tensor has dims [ne0 = in, ne1 = out] with ne0
-  // contiguous, which is exactly the row-major [out][in] matrix W of y = W x. Any other tensor (biases,
-  // experts, EmbeddingGemma's dense_2 / dense_3, ...) is refused. Matrices keep
+  // post_ffw_norm}.weight, for qwen2 also blk.N.{attn_q, attn_k, attn_v}.bias. The gemma3 norm weights are used
+  // as stored: llama.cpp's converter already added the 1 of Gemma's RMSNorm (x · (1 + w)) to them. A 2-D ggml
+  // tensor has dims [ne0 = in, ne1 = out] with ne0 contiguous, which is exactly the row-major [out][in] matrix W
+  // of y = W x. Any other tensor (other biases, experts, EmbeddingGemma's dense_2 / dense_3, ...) is refused, and
+  // so is a qwen2 file without one of its biases. Matrices keep
   // the file's type (WeightMatrix::from_blocks, a copy of the bytes; fp32 ones as values), norms are read as fp32.
   [[nodiscard]] static LlamaWeights from_gguf(const GGUFFile& file, const LlamaConfig& config);
 
   // Deterministic pseudo-random weights for tests: matrices uniform in ±1/sqrt(in), norms in 1 ± 0.25,
-  // embeddings uniform in ±1; tied output head; gemma3's extra norms drawn after each layer's llama tensors.
+  // embeddings uniform in ±1; tied output head; gemma3's extra norms and qwen2's biases (uniform in ±0.5) drawn
+  // after each layer's llama tensors.
   // The generator (splitmix64) is fixed, so the same seed gives the same weights on every platform.
   [[nodiscard]] static LlamaWeights random(const LlamaConfig& config, std::uint64_t seed) {
     config.validate();
@@ -300,6 +323,11 @@ struct LlamaWeights {
     const auto norm = [&](std::int64_t size) {
       Eigen::VectorXf v(size);
       for (std::int64_t i = 0; i < size; ++i) v[i] = 1.0f + 0.25f * uniform();
+      return v;
+    };
+    const auto bias = [&](std::int64_t size) {
+      Eigen::VectorXf v(size);
+      for (std::int64_t i = 0; i < size; ++i) v[i] = 0.5f * uniform();
       return v;
     };
     const auto inv_sqrt = [](std::int64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); };
@@ -324,6 +352,11 @@ struct LlamaWeights {
         layer.attn_post_norm = norm(e);
         layer.ffn_post_norm = norm(e);
       }
+      if (config.architecture == LlamaArchitecture::qwen2) {
+        layer.bq = bias(config.q_dim());
+        layer.bk = bias(config.kv_dim());
+        layer.bv = bias(config.kv_dim());
+      }
       w.layers.push_back(std::move(layer));
     }
     return w;
@@ -332,12 +365,14 @@ struct LlamaWeights {
 
 inline LlamaConfig LlamaConfig::from_gguf(const GGUFFile& file) {
   const std::string& arch = file.get_string("general.architecture");
-  detail::require(arch == "llama" || arch == "gemma3",
-                  "LlamaConfig: GGUF architecture '{}' is not supported (only 'llama' and 'gemma3')", arch);
+  detail::require(arch == "llama" || arch == "gemma3" || arch == "qwen2",
+                  "LlamaConfig: GGUF architecture '{}' is not supported (only 'llama', 'gemma3' and 'qwen2')", arch);
   const auto key = [&arch](std::string_view name) { return fmt::format("{}.{}", arch, name); };
   const auto u32 = [&file](const std::string& k) { return static_cast<std::int64_t>(file.get_u32(k)); };
   LlamaConfig c;
-  c.architecture = arch == "gemma3" ? LlamaArchitecture::gemma3 : LlamaArchitecture::llama;
+  c.architecture = arch == "gemma3"  ? LlamaArchitecture::gemma3
+                   : arch == "qwen2" ? LlamaArchitecture::qwen2
+                                     : LlamaArchitecture::llama;
   c.n_layer = u32(key("block_count"));
   c.n_embd = u32(key("embedding_length"));
   c.n_ff = u32(key("feed_forward_length"));
@@ -395,6 +430,8 @@ inline LlamaConfig LlamaConfig::from_gguf(const GGUFFile& file) {
       c.rope_freq_factors = file.dequantize(*freqs);
     }
     c.rope_pairing = RopePairing::interleaved;  // llama.cpp LLAMA_ROPE_TYPE_NORM for LLM_ARCH_LLAMA
+  } else if (c.architecture == LlamaArchitecture::qwen2) {
+    c.rope_pairing = RopePairing::half_split;  // llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX for LLM_ARCH_QWEN2
   } else {
     c.read_gemma3(file);
   }
@@ -458,22 +495,31 @@ inline void LlamaConfig::read_gemma3(const GGUFFile& file) {
 inline LlamaWeights LlamaWeights::from_gguf(const GGUFFile& file, const LlamaConfig& config) {
   config.validate();
   const bool gemma3 = config.architecture == LlamaArchitecture::gemma3;
+  const bool qwen2 = config.architecture == LlamaArchitecture::qwen2;
   std::set<std::string, std::less<>> expected{"token_embd.weight", "output_norm.weight", "output.weight"};
-  if (!gemma3) expected.insert("rope_freqs.weight");
+  if (config.architecture == LlamaArchitecture::llama) expected.insert("rope_freqs.weight");
   static constexpr const char* per_layer[] = {"attn_norm", "attn_q",   "attn_k", "attn_v",  "attn_output",
                                               "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
   static constexpr const char* per_layer_gemma3[] = {"attn_q_norm", "attn_k_norm", "post_attention_norm",
                                                      "post_ffw_norm"};
+  static constexpr const char* per_layer_qwen2_bias[] = {"attn_q", "attn_k", "attn_v"};
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
     for (const char* name : per_layer) expected.insert(fmt::format("blk.{}.{}.weight", l, name));
     if (gemma3)
       for (const char* name : per_layer_gemma3) expected.insert(fmt::format("blk.{}.{}.weight", l, name));
+    if (qwen2)
+      for (const char* name : per_layer_qwen2_bias) expected.insert(fmt::format("blk.{}.{}.bias", l, name));
   }
   for (const GGUFTensorInfo& t : file.tensors()) {
     if (gemma3) {
       detail::require(expected.contains(t.name),
                       "LlamaWeights: GGUF tensor '{}' is not part of the supported gemma3 architecture ({} layers, no "
                       "biases, rope_freqs or EmbeddingGemma dense_2 / dense_3 projections)",
+                      t.name, config.n_layer);
+    } else if (qwen2) {
+      detail::require(expected.contains(t.name),
+                      "LlamaWeights: GGUF tensor '{}' is not part of the supported qwen2 architecture ({} layers, "
+                      "biases of attn_q, attn_k and attn_v only, no rope_freqs or experts)",
                       t.name, config.n_layer);
     } else {
       detail::require(expected.contains(t.name),
@@ -531,6 +577,12 @@ inline LlamaWeights LlamaWeights::from_gguf(const GGUFFile& file, const LlamaCon
       layer.attn_k_norm = vector(name("attn_k_norm"), config.head_dim);
       layer.attn_post_norm = vector(name("post_attention_norm"), e);
       layer.ffn_post_norm = vector(name("post_ffw_norm"), e);
+    }
+    if (qwen2) {
+      const auto bias = [l](const char* what) { return fmt::format("blk.{}.{}.bias", l, what); };
+      layer.bq = vector(bias("attn_q"), config.q_dim());
+      layer.bk = vector(bias("attn_k"), config.kv_dim());
+      layer.bv = vector(bias("attn_v"), config.kv_dim());
     }
     w.layers.push_back(std::move(layer));
   }
