@@ -232,12 +232,6 @@ class FusionConnector {
     return Status::success;
   }
 
-  // Cache-Craft focus termination's decision for the request, once made.
-  [[nodiscard]] std::optional<FocusDecision> focus(std::uint64_t request) const {
-    std::shared_ptr<Request> r = find(request);
-    return r ? *r->schedule.focus : std::nullopt;
-  }
-
   // After a failed read: the request's plan with every chunk whose read failed computed instead (S_0 anew). The
   // request's state is dropped; start the returned plan to run it again.
   [[nodiscard]] FusionPlan recover(std::uint64_t request, const FusionMethod& method) {
@@ -289,12 +283,6 @@ class FusionConnector {
   void wait_for_saves() {
     std::unique_lock lock(mutex_);
     work_done_.wait(lock, [&] { return saves_pending_ == 0; });
-  }
-
-  // Requests started and not finished.
-  [[nodiscard]] std::size_t active() const {
-    std::lock_guard lock(mutex_);
-    return requests_.size();
   }
 
  private:
@@ -425,12 +413,12 @@ class FusionConnector {
     SaveResult result{s.key, Status::success, {}};
     try {
       if constexpr (requires { store_->put(s.key, s.block, s.tier); }) {
-        store_->put(s.key, s.block, s.tier);
+        store_->put(s.key, std::move(s.block), s.tier);
       } else {
-        store_->put(s.key, s.block);
+        store_->put(s.key, std::move(s.block));
       }
     } catch (const error& e) {
-      result.status = e.code() == Status::invalid_argument ? Status::store_unavailable : e.code();
+      result.status = e.code();
       result.why = e.what();
     } catch (const std::exception& e) {
       result.status = Status::store_unavailable;

@@ -206,8 +206,8 @@ class CpuBatchEngine {
       }
       if (a.tokens < r.prefill_cost() && prefill_in_step) continue;  // runs whole, in a later step
       prefill_in_step = true;
-      for (const ChunkPlan& c : r.plan.chunks) {  // reused chunks the store lacks: their chunk caches, alone
-        const std::size_t j = static_cast<std::size_t>(&c - r.plan.chunks.data());
+      for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {  // reused chunks the store lacks: their caches, alone
+        const ChunkPlan& c = r.plan.chunks[j];
         if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || c.range.empty()) continue;
         const auto tokens = slice(r.request.tokens, c.range);
         const KVKey key = chunk_cache_key(model_->fingerprint(), tokens);
