@@ -5,7 +5,8 @@ Starts the real kvfuse-server (KVFUSE_SERVER_BIN) with SmolLM2 (KVFUSE_MODEL, el
 caches) on a free loopback port and checks completions (non-streamed and streamed, equal at temperature 0), usage
 and kvfuse's usage object (chunks loaded when their parts come back in another order), stop sequences, seeded
 sampling, OpenAI-style errors (400 naming the field, 413, 429, 404), /v1/models, /health, /metrics, a client that
-goes away mid-stream, and two servers sharing chunk caches through one redis-server.
+goes away mid-stream, and two servers sharing chunk caches through one redis-server (one of them SIGKILLed
+mid-request while the other serves; Redis killed mid-run).
 
 Exit code 77 (CTest: skipped) when the model, the binary or the openai client (installed into KVFUSE_SERVER_VENV,
 a venv, when missing) is not available, or when KVFUSE_SERVER_OPTIMIZED=0 (a Debug or sanitizer build).
@@ -335,41 +336,118 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Redis:
+    """A redis-server on a free loopback port, without persistence."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.workdir = tempfile.mkdtemp(prefix="kvfuse-server-redis-")
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self.workdir], stdout=subprocess.DEVNULL)
+        self.uri = f"redis://127.0.0.1:{self.port}"
+        deadline = time.time() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.time() > deadline:
+                    self.stop()
+                    raise
+                time.sleep(0.1)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+KOSCIUSZKO = ["Mount Kosciuszko is the highest mountain of mainland Australia.",
+              "It was named by the Polish explorer Pawel Strzelecki in 1840."]
+
+
 @unittest.skipUnless(shutil.which("redis-server"), "redis-server is not installed")
 class SharedRedisTest(unittest.TestCase):
+    """Two kvfuse-server processes on one redis-server: one cache, and each survives the other and Redis."""
+
+    def setUp(self):
+        self.redis = Redis()
+        self.servers = []
+
+    def tearDown(self):
+        for s in self.servers:
+            s.stop()
+        self.redis.stop()
+
+    def start_servers(self, n):
+        self.servers = [Server("--store", self.redis.uri) for _ in range(n)]
+        return self.servers
+
+    @staticmethod
+    def ask(server, *texts, max_tokens=2, **kw):
+        return server.client().chat.completions.create(model="smollm2", messages=parts(*texts),
+                                                       max_tokens=max_tokens, temperature=0, **kw)
+
     def test_chunk_computed_by_one_server_is_loaded_by_another(self):
-        port = free_port()
-        workdir = tempfile.mkdtemp(prefix="kvfuse-server-redis-")
-        redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
-        servers = []
-        try:
-            deadline = time.time() + 20
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        raise
-                    time.sleep(0.1)
-            uri = f"redis://127.0.0.1:{port}"
-            servers = [Server("--store", uri), Server("--store", uri)]
-            texts = ["Mount Kosciuszko is the highest mountain of mainland Australia.",
-                     "It was named by the Polish explorer Pawel Strzelecki in 1840."]
-            a = servers[0].client().chat.completions.create(
-                model="smollm2", messages=parts(*texts, "Who named it?"), max_tokens=2, temperature=0)
-            b = servers[1].client().chat.completions.create(
-                model="smollm2", messages=parts(texts[1], texts[0], "Who named it?"), max_tokens=2, temperature=0)
-            self.assertEqual(kvfuse_usage(a)["loaded_tokens"], 0)
-            self.assertGreaterEqual(kvfuse_usage(b)["loaded_tokens"], kvfuse_usage(b)["chunk_tokens"])
-            self.assertIn("kvfuse_store_hits_total 3", servers[1].get("/metrics")[1])
-        finally:
-            for s in servers:
-                s.stop()
-            redis.terminate()
-            redis.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
+        a, b = self.start_servers(2)
+        first = self.ask(a, *KOSCIUSZKO, "Who named it?")
+        second = self.ask(b, KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")
+        self.assertEqual(kvfuse_usage(first)["loaded_tokens"], 0)
+        self.assertGreaterEqual(kvfuse_usage(second)["loaded_tokens"], kvfuse_usage(second)["chunk_tokens"])
+        self.assertIn("kvfuse_store_hits_total 3", b.get("/metrics")[1])
+
+    def test_server_killed_mid_request_loses_only_that_request(self):
+        import openai
+        a, b = self.start_servers(2)
+        self.ask(a, *KOSCIUSZKO, "Who named it?")  # a stores the chunk caches in Redis
+        self.ask(b, *PASSAGES, QUESTION)  # b's survivor below loads these
+        doomed = a.client().chat.completions.create(model="smollm2", messages=parts("A long story.", "Tell it."),
+                                                    stream=True, temperature=0, max_tokens=400)
+        survivor = b.client().chat.completions.create(model="smollm2", messages=parts(*PASSAGES, QUESTION),
+                                                      stream=True, temperature=0, max_tokens=24)
+        next(iter(doomed))
+        text, finish = next(iter(survivor)).choices[0].delta.content or "", None
+        a.proc.kill()  # SIGKILL: no clean-up of any kind
+        a.proc.wait()
+        with self.assertRaises((openai.APIConnectionError, openai.APIError)):
+            for _ in doomed:
+                pass
+        for chunk in survivor:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        alone = self.ask(b, *PASSAGES, QUESTION, max_tokens=24)  # b's answer with nobody else around
+        self.assertEqual(text, alone.choices[0].message.content)
+        self.assertEqual(finish, alone.choices[0].finish_reason)
+        again = self.ask(b, KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")  # what a stored before it died is there
+        self.assertGreaterEqual(kvfuse_usage(again)["loaded_tokens"], kvfuse_usage(again)["chunk_tokens"])
+
+    def test_redis_killed_mid_run_turns_reuse_into_compute(self):
+        a, b = self.start_servers(2)
+        self.ask(a, *KOSCIUSZKO, "Who named it?")  # in a's memory tier and in Redis
+        running = a.client().chat.completions.create(model="smollm2", messages=parts(*PASSAGES, QUESTION),
+                                                     stream=True, temperature=0, max_tokens=24)
+        received = [next(iter(running))]
+        self.redis.proc.kill()  # Redis dies while a request runs and its new chunk caches are being saved
+        self.redis.proc.wait()
+        received += list(running)
+        finish = [c.choices[0].finish_reason for c in received if c.choices and c.choices[0].finish_reason]
+        self.assertIn(finish[-1], ("stop", "length"))
+        # b never saw the chunks and Redis is gone: computed, answered, no error.
+        computed = self.ask(b, KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")
+        self.assertEqual(computed.choices[0].finish_reason, "length")
+        self.assertEqual(kvfuse_usage(computed)["loaded_tokens"], 0)
+        self.assertEqual(kvfuse_usage(computed)["recomputed_tokens"], computed.usage.prompt_tokens)
+        # a still has them in its memory tier: reuse goes on there.
+        kept = self.ask(a, KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")
+        self.assertGreaterEqual(kvfuse_usage(kept)["loaded_tokens"], kvfuse_usage(kept)["chunk_tokens"])
+        # new chunks on both servers after Redis died: computed and answered.
+        for s in (a, b):
+            fresh = self.ask(s, "Uluru is a sandstone monolith in the Northern Territory.", "Where is Uluru?")
+            self.assertEqual(fresh.choices[0].finish_reason, "length")
+        self.assertEqual(json.loads(a.get("/health")[1])["status"], "ok")
+        self.assertEqual(json.loads(b.get("/health")[1])["status"], "ok")
 
 
 if __name__ == "__main__":
