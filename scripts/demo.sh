@@ -6,14 +6,16 @@
 #      measured against full prefill in the same run; prints the table, writes results.json, results.md and the
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/; then the same harness on Gemma 3 270M (sliding-window
 #      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/;
-#   2. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
+#   2. kvfuse-serve-bench (continuous batching through kvfuse's request-keyed hooks) and kvfuse-server (started,
+#      called by the official openai client with passages as content parts, stopped);
+#   3. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
 #      15 MB/s link, 128-token chunks): a 512-token stored prefix of a MuSiQue prompt, computed from the front
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
 #      against full prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
 #      CacheBlend (passages 2-4, reused chunk caches, read layer by layer while the model computes) against full
 #      prefill; then three requests (two with stored prefixes) served together in one step loop under Cake's
 #      token budget (serve), each checked against serving it alone;
-#   3. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
+#   4. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
 set -euo pipefail
@@ -24,7 +26,7 @@ bash scripts/deps.sh >/dev/null
 build=build/demo
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
   -DKVFUSE_BUILD_BENCH=ON -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run kvfuse-serve-bench -j"$(nproc)" >/dev/null
+cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run kvfuse-serve-bench kvfuse-server -j"$(nproc)" >/dev/null
 sim="$build/examples/kvfuse-cake-sim"
 
 model=$(bash scripts/fetch_model.sh)
@@ -56,6 +58,34 @@ if [[ -f $data ]]; then
     --passages 3 --pool 8 --max-tokens 8 --out "$build/serve-bench"
   echo "(throughput: generated tokens / makespan; ttft_ms: batched; equal_alone: every batched request's tokens equal"
   echo " the same request alone; hook_overhead: kvfuse's per-layer time / step time; docs/serving.md: the full run)"
+fi
+echo
+echo "== kvfuse-server: an OpenAI-compatible RAG server, called with the official openai client"
+if [[ -f $data ]]; then
+  venv=$build/server-venv
+  [[ -x $venv/bin/python3 ]] || python3 -m venv "$venv"
+  "$venv/bin/python3" -c "import openai" 2>/dev/null || "$venv/bin/pip" install --quiet openai
+  log=$build/server.log
+  "$build/apps/server/kvfuse-server" --model "$model" --port 0 2>"$log" &
+  server=$!
+  trap 'kill "$server" 2>/dev/null || true' EXIT
+  port=""
+  for _ in $(seq 1 600); do
+    port=$(sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$log")
+    [[ -n $port ]] && break
+    kill -0 "$server" 2>/dev/null || { cat "$log" >&2; exit 1; }
+    sleep 0.2
+  done
+  grep "kvfuse-server:" "$log"
+  echo "6 requests, 3 at a time, each 3 MuSiQue passages (first 100 words) drawn from a pool of 4 in a random order,"
+  echo "each passage a content part of the message (a chunk cache), streamed, greedy, 16 tokens (scripts/server_loadgen.py):"
+  "$venv/bin/python3" scripts/server_loadgen.py --url "http://127.0.0.1:$port/v1" --data "$data" --requests 6 \
+    --concurrency 3 --passages 3 --pool 4 --passage-words 100 --max-tokens 16 --show >"$build/server-demo.json"
+  kill "$server"
+  wait "$server" || true
+  trap - EXIT
+  echo "(loaded: prompt tokens whose KV came from chunk caches stored by earlier requests; recomputed: rows recomputed,"
+  echo " averaged over the layers; docs/server.md: the API, and the measurement against llama-server)"
 fi
 echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"
