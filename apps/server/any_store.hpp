@@ -1,7 +1,7 @@
 #pragma once
 // The store behind kvfuse-server. CpuBatchEngine is a template over one store type, while --store picks one at run
 // time: AnyKVStore models RangedKVStore and forwards every call to the store it wraps, counting the chunk caches the
-// planner found (hits) and did not find (misses) in its batched lookup. StoreStack owns the stores --store names:
+// planner found (hits) and did not find (misses) in its batched lookups. StoreStack owns the stores --store names:
 //
 //   memory                      InMemoryKVStore
 //   DIR                         TieredKVStore: InMemoryKVStore over DiskKVStore(DIR), written through
@@ -117,19 +117,25 @@ static_assert(kvfuse::RangedKVStore<AnyKVStore>);
   return spec.starts_with("redis://") || spec.starts_with("redis-cluster://");
 }
 
-// The stores --store names (see the header comment), and an AnyKVStore over the outermost one.
+// The stores --store names (see the header comment), and an AnyKVStore over the outermost one. Each tier of a
+// TieredKVStore is an AnyKVStore too, so that the hits of each tier are counted where they happen (the tiered store
+// asks the slow tier only for what the fast one missed).
 class StoreStack {
  public:
   explicit StoreStack(const std::string& spec) {
     if (spec == "memory") {
       any_.emplace(memory_);
       description_ = "memory";
-    } else if (is_redis_uri(spec)) {
+      return;
+    }
+    fast_.emplace(memory_);
+    if (is_redis_uri(spec)) {
 #if KVFUSE_WITH_REDIS
       redis_.emplace(spec);
+      slow_.emplace(*redis_);
       // CacheBlend §5.1's C_store per GB: local DRAM, and a share of a remote server's DRAM.
-      on_redis_.emplace(kvfuse::TieredConfig{{{"memory", 1.0}, {"redis", 0.3}}}, memory_, *redis_);
-      any_.emplace(*on_redis_);
+      tiered_.emplace(kvfuse::TieredConfig{{{"memory", 1.0}, {"redis", 0.3}}}, *fast_, *slow_);
+      slow_name_ = "redis";
       description_ = fmt::format("memory -> redis ({})", spec);
 #else
       throw kvfuse::error(fmt::format("--store {}: this build has no Redis support (hiredis; -DKVFUSE_REDIS=ON)", spec));
@@ -137,16 +143,24 @@ class StoreStack {
     } else {
       kvfuse::require(!spec.empty(), "--store: empty; memory, a directory or a redis:// URI");
       disk_.emplace(spec);
-      on_disk_.emplace(kvfuse::TieredConfig{{{"memory", 1.0}, {"disk", 0.1}}}, memory_, *disk_);
-      any_.emplace(*on_disk_);
+      slow_.emplace(*disk_);
+      tiered_.emplace(kvfuse::TieredConfig{{{"memory", 1.0}, {"disk", 0.1}}}, *fast_, *slow_);
+      slow_name_ = "disk";
       description_ = fmt::format("memory -> disk ({})", spec);
     }
+    any_.emplace(*tiered_);
   }
   StoreStack(const StoreStack&) = delete;
   StoreStack& operator=(const StoreStack&) = delete;
 
   [[nodiscard]] AnyKVStore& store() noexcept { return *any_; }
   [[nodiscard]] const std::string& description() const noexcept { return description_; }
+
+  // Chunk caches the planner's lookups found, per tier (fastest first).
+  [[nodiscard]] std::vector<std::pair<std::string, std::int64_t>> hits_per_tier() const {
+    if (!tiered_) return {{"memory", any_->hits()}};
+    return {{"memory", fast_->hits()}, {slow_name_, slow_->hits()}};
+  }
 
   // Reads a Redis tier could not answer and values it rejected (0 without one).
   [[nodiscard]] std::int64_t redis_unavailable() const {
@@ -167,12 +181,13 @@ class StoreStack {
  private:
   kvfuse::InMemoryKVStore memory_;
   std::optional<kvfuse::DiskKVStore> disk_;
-  std::optional<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::DiskKVStore>> on_disk_;
 #if KVFUSE_WITH_REDIS
   std::optional<kvfuse::RedisKVStore> redis_;
-  std::optional<kvfuse::TieredKVStore<kvfuse::InMemoryKVStore, kvfuse::RedisKVStore>> on_redis_;
 #endif
+  std::optional<AnyKVStore> fast_, slow_;  // the tiers of a tiered store
+  std::optional<kvfuse::TieredKVStore<AnyKVStore, AnyKVStore>> tiered_;
   std::optional<AnyKVStore> any_;
+  std::string slow_name_;
   std::string description_;
 };
 

@@ -411,7 +411,7 @@ class Api {
       kvfuse_server::Gauges g;
       g.in_flight = service_.in_flight();
       g.queue_limit = o_.queue_limit;
-      g.store_hits = stores_.store().hits();
+      g.store_hits = stores_.hits_per_tier();
       g.store_misses = stores_.store().misses();
       g.redis_unavailable = stores_.redis_unavailable();
       g.redis_rejected = stores_.redis_rejected();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -42,7 +43,7 @@ class Histogram {
 struct Gauges {
   std::int64_t in_flight = 0;  // requests in the engine (queued or running)
   std::int64_t queue_limit = 0;
-  std::int64_t store_hits = 0;
+  std::vector<std::pair<std::string, std::int64_t>> store_hits;  // per tier, fastest first
   std::int64_t store_misses = 0;
   std::int64_t redis_unavailable = 0;
   std::int64_t redis_rejected = 0;
@@ -103,8 +104,10 @@ class Metrics {
             hook_s_);
     counter("kvfuse_decode_rows_total", "Decode rows the steps computed.", decode_rows_);
     counter("kvfuse_prefill_rows_total", "Prefill rows the steps computed (chunk caches included).", prefill_rows_);
-    counter("kvfuse_store_hits_total", "Chunk caches the planner found in the store.", g.store_hits);
-    counter("kvfuse_store_misses_total", "Chunk caches the planner did not find in the store.", g.store_misses);
+    out += "# HELP kvfuse_store_hits_total Chunk caches the planner found, by the store tier that held them.\n"
+           "# TYPE kvfuse_store_hits_total counter\n";
+    for (const auto& [tier, n] : g.store_hits) out += fmt::format("kvfuse_store_hits_total{{tier=\"{}\"}} {}\n", tier, n);
+    counter("kvfuse_store_misses_total", "Chunk caches the planner found in no tier.", g.store_misses);
     counter("kvfuse_redis_unavailable_total", "Redis reads the server could not answer (misses).", g.redis_unavailable);
     counter("kvfuse_redis_rejected_total", "Redis values rejected by their checks (misses).", g.redis_rejected);
     gauge("kvfuse_requests_in_flight", "Requests in the engine, queued or running.", g.in_flight);

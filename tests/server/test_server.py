@@ -395,7 +395,9 @@ class SharedRedisTest(unittest.TestCase):
         second = self.ask(b, KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")
         self.assertEqual(kvfuse_usage(first)["loaded_tokens"], 0)
         self.assertGreaterEqual(kvfuse_usage(second)["loaded_tokens"], kvfuse_usage(second)["chunk_tokens"])
-        self.assertIn("kvfuse_store_hits_total 3", b.get("/metrics")[1])
+        metrics = b.get("/metrics")[1]
+        self.assertIn('kvfuse_store_hits_total{tier="redis"} 3', metrics)  # b's memory tier had none of them
+        self.assertIn('kvfuse_store_hits_total{tier="memory"} 0', metrics)
 
     def test_server_killed_mid_request_loses_only_that_request(self):
         import openai
