@@ -18,21 +18,21 @@ import subprocess
 import sys
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", nargs="+")
-    ap.add_argument("--png")
-    ap.add_argument("--title", default="")
-    args = ap.parse_args()
-
+def load(paths):
+    """The per-question records and the model name of kvfuse-rag-eval results.json files of one model."""
     questions, models = [], set()
-    for path in args.results:
+    for path in paths:
         with open(path) as f:
             r = json.load(f)
         models.add(r["model"])
         questions += r["per_question"]
     if len(models) != 1:
         sys.exit(f"merge_results.py: the files are of different models: {sorted(models)}")
+    return questions, models.pop()
+
+
+def summarize(questions):
+    """Methods in table order and their row figures (means, medians, gap closed) over the questions."""
     methods = list(questions[0]["methods"])
     for q in questions:
         if list(q["methods"]) != methods:
@@ -59,21 +59,39 @@ def main():
         rows[m]["gap_closed"] = 1 - rows[m]["kl_answer_mean"] / rows["naive"]["kl_answer_mean"]
         rows[m]["gap_closed_median"] = st.median(
             [1 - a / b for a, b in zip(values(m, "kl_answer_mean"), naive) if b > 0])
+    return methods, rows
 
-    n = len(questions)
-    print(f"{models.pop()}: {n} questions ({', '.join(str(q['index']) for q in questions)}), "
-          f"{st.mean(q['tokens'] for q in questions):.0f} prompt tokens on average; full prefill "
-          f"{st.mean(values('full', 'ttft_ms')) / 1000:.1f} s, offline work {st.mean(q['offline_ms'] for q in questions) / 1000:.1f} s "
-          "per question (means)\n")
-    print("| method | TTFT / full, mean (median) | recomputed | KL first token | teacher-forced KL | top-1 over the answer "
-          "| gap closed, means (median per question) | ROUGE-L vs full | EM vs full | F1 vs gold |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+def table_lines(questions, model):
+    """The summary line, a blank line and the markdown table, as docs/results.md shows them."""
+    methods, rows = summarize(questions)
+    full_ms = st.mean(q["methods"]["full"]["ttft_ms"] for q in questions)
+    lines = [f"{model}: {len(questions)} questions ({', '.join(str(q['index']) for q in questions)}), "
+             f"{st.mean(q['tokens'] for q in questions):.0f} prompt tokens on average; full prefill "
+             f"{full_ms / 1000:.1f} s, offline work {st.mean(q['offline_ms'] for q in questions) / 1000:.1f} s "
+             "per question (means)", "",
+             "| method | TTFT / full, mean (median) | recomputed | KL first token | teacher-forced KL | top-1 over the answer "
+             "| gap closed, means (median per question) | ROUGE-L vs full | EM vs full | F1 vs gold |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in methods:
         r = rows[m]
-        print(f"| {m} | {r['ttft_ratio_vs_full']:.3f} ({r['ttft_median']:.3f}) | {100 * r['recompute_fraction']:.1f} % "
-              f"| {r['kl_first_token']:.4f} | {r['kl_answer_mean']:.4f} | {r['top1_answer_agreement']:.3f} "
-              f"| {100 * r['gap_closed']:.0f} % ({100 * r['gap_closed_median']:.0f} %) | {r['rouge_l_vs_full']:.3f} "
-              f"| {r['exact_match_vs_full']:.2f} | {r['f1_vs_gold']:.3f} |")
+        lines.append(f"| {m} | {r['ttft_ratio_vs_full']:.3f} ({r['ttft_median']:.3f}) | {100 * r['recompute_fraction']:.1f} % "
+                     f"| {r['kl_first_token']:.4f} | {r['kl_answer_mean']:.4f} | {r['top1_answer_agreement']:.3f} "
+                     f"| {100 * r['gap_closed']:.0f} % ({100 * r['gap_closed_median']:.0f} %) | {r['rouge_l_vs_full']:.3f} "
+                     f"| {r['exact_match_vs_full']:.2f} | {r['f1_vs_gold']:.3f} |")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--png")
+    ap.add_argument("--title", default="")
+    args = ap.parse_args()
+
+    questions, model = load(args.results)
+    print("\n".join(table_lines(questions, model)))
+    methods, rows = summarize(questions)
 
     if args.png:
         families = ["full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware"]

@@ -292,7 +292,7 @@ TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals
   });
 }
 
-TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows and closes most of naive reuse's gap") {
+TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows and its first-token KL is below naive reuse's") {
   for_each_model([](const std::filesystem::path& model) {
     const RealPrompt p = rag_prompt(model, kPassages);
     LlamaCppFusion engine(model, {.n_ctx = 2048});

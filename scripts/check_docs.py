@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Checks that the measured figures in docs/ match their committed raw data and say where they come from.
+
+1. Tables recomputed from raw data. For every table of docs/ whose raw output is committed under docs/results/,
+   the figures are recomputed from the raw files with the rounding the page uses and compared cell by cell (and,
+   for results.md, the summary line above each table). Each mismatch is printed as
+       docs/PAGE.md:LINE: <what>: the page has '<cell>', the raw data gives '<cell>'
+   The tables and their raw files: the check_* functions below; a table that cannot be found is an error too.
+
+2. Provenance. A level-2 section (`## ...`; the part before the first one counts as one) "reports measured
+   figures" when it holds a Markdown table whose header names a measured quantity (MEASURED_HEADER below: ms,
+   MB/s, tok/s, TTFT, KL, RSS, median, ...) or links into results/; or when it has a line that starts with
+   "Measured" or "Date" (MEASURED_LINE) and the next section has no such table (else it is checked with that one).
+   Figures given only in prose, in a section with none of these, are not seen. Such a section, together with the
+   sections right before it that have no measured table of their own (a "Setting" section before a "Results"
+   one, the top of the page), must name
+   - a date (YYYY-MM-DD),
+   - a machine (a core count, "machine", "VM", a GPU model),
+   - a commit (7-40 hex digits in backticks, or after the word "commit"),
+   - a command (a fenced or indented code block, or a backticked command: bash, python3, build/..., kvfuse-...),
+   - its raw output: a link into results/ or the words "raw output not kept".
+   Every commit named in such a section must exist in the repository's history (skipped in a shallow clone or
+   outside git), and every link into results/ must exist.
+
+Standard library only. Exit status 0 when everything matches, 1 otherwise.
+Usage: python3 scripts/check_docs.py [--root DIR] [--verbose]
+  DIR: the repository (default: this script's parent); --verbose lists the sections taken as measured.
+"""
+
+import argparse
+import importlib.util
+import json
+import re
+import statistics as st
+import subprocess
+import sys
+from pathlib import Path
+
+problems = []
+
+
+def problem(path, line, message):
+    problems.append(f"{path}:{line}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------- Markdown
+
+
+def cells(line):
+    """The cells of one Markdown table row, stripped of bold markers."""
+    return [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+
+
+def find_line(lines, text, start=0):
+    """Index of the first line at or after start that contains text, or None."""
+    for i in range(start, len(lines)):
+        if text in lines[i]:
+            return i
+    return None
+
+
+def table_after(lines, i):
+    """(index of the header line, rows as (index, cells)) of the first table at or after line i."""
+    while i < len(lines) and not lines[i].startswith("|"):
+        i += 1
+    if i >= len(lines):
+        return None, []
+    header, rows = i, []
+    i += 2  # header and |---| line
+    while i < len(lines) and lines[i].startswith("|"):
+        rows.append((i, cells(lines[i])))
+        i += 1
+    return header, rows
+
+
+class Page:
+    def __init__(self, root, name):
+        self.name = name
+        self.lines = (root / name).read_text(encoding="utf-8").splitlines()
+
+    def table(self, anchor, what):
+        """The rows of the first table after the line containing anchor, keyed by their first cell."""
+        i = find_line(self.lines, anchor)
+        if i is None:
+            problem(self.name, 1, f"{what}: no line contains {anchor!r}")
+            return None
+        _, rows = table_after(self.lines, i)
+        if not rows:
+            problem(self.name, i + 1, f"{what}: no table after {anchor!r}")
+            return None
+        return {r[0]: (n, r) for n, r in rows}
+
+    def compare(self, anchor, what, expected, key=lambda c: c, columns=None):
+        """Compares the table after anchor with expected {row key: [cells after the first]}.
+
+        key maps a row's first cell to the key of expected; columns picks which cells to compare (all by default)."""
+        table = self.table(anchor, what)
+        if table is None:
+            return
+        seen = set()
+        for first, (n, row) in table.items():
+            k = key(first)
+            if k not in expected:
+                problem(self.name, n + 1, f"{what}: row '{first}' has no raw data")
+                continue
+            seen.add(k)
+            want = expected[k]
+            for c in columns if columns is not None else range(1, len(row)):
+                if c >= len(row) or row[c] != want[c - 1]:
+                    have = row[c] if c < len(row) else "<missing>"
+                    problem(self.name, n + 1, f"{what}, row '{first}', column {c + 1}: the page has '{have}', "
+                                              f"the raw data gives '{want[c - 1]}'")
+        for k in expected:
+            if k not in seen:
+                problem(self.name, 1, f"{what}: the raw data has row '{k}', the table does not")
+
+    def compare_line(self, anchor, what, expected):
+        """The line that starts with anchor must equal expected."""
+        i = find_line(self.lines, anchor)
+        if i is None or self.lines[i] != expected:
+            problem(self.name, (i or 0) + 1, f"{what}: the page has '{self.lines[i] if i is not None else None}', "
+                                             f"the raw data gives '{expected}'")
+
+
+# ------------------------------------------------------------------------------------------ recomputed tables
+
+
+def load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def questions_of(*paths):
+    qs = []
+    for p in paths:
+        qs += load_json(p)["per_question"]
+    return qs
+
+
+def mean_of(questions, method, key):
+    return st.mean(q["methods"][method][key] for q in questions if method in q["methods"])
+
+
+def check_results_2026_11_24(root, merge):
+    """docs/results.md, 2026-11-24: scripts/merge_results.py's tables over the per-process results.json files."""
+    page = Page(root, "docs/results.md")
+    d = root / "docs/results/2026-11-24"
+    for files in (["smollm2-q0-9.json", "smollm2-q10-19.json"], ["smollm2-sweep-q20-24.json"], ["gemma3-q0-19.json"]):
+        qs, model = merge.load([d / f for f in files])
+        lines = merge.table_lines(qs, model)
+        summary, table = lines[0], lines[4:]
+        page.compare_line(summary.split(" (")[0] + " (", f"results.md, summary of {'+'.join(files)}", summary)
+        expected = {cells(r)[0]: cells(r)[1:] for r in table}
+        page.compare(summary, f"results.md, table of {'+'.join(files)}", expected)
+
+
+def check_results_2026_11_21(root):
+    """docs/results.md, 2026-11-21: 20 questions of SmolLM2 (results/results.json)."""
+    page = Page(root, "docs/results.md")
+    qs = questions_of(root / "docs/results/results.json")
+    kl_naive = mean_of(qs, "naive", "kl_first_token")
+    full_words = [q["methods"]["full"]["answer"].split()[:3] for q in qs]
+    expected = {}
+    for m in qs[0]["methods"]:
+        ratios = [q["methods"][m]["ttft_ratio_vs_full"] for q in qs]
+        kl = mean_of(qs, m, "kl_first_token")
+        alike = sum(q["methods"][m]["answer"].split()[:3] == w for q, w in zip(qs, full_words))
+        expected[m] = [f"{mean_of(qs, m, 'ttft_ms'):.0f}", f"{st.mean(ratios):.3f} ({st.median(ratios):.3f})",
+                       f"{100 * mean_of(qs, m, 'recompute_fraction'):.1f} %", f"{kl:.4f}",
+                       f"{100 * (1 - kl / kl_naive):.0f} %", f"{mean_of(qs, m, 'exact_match_vs_full'):.2f}",
+                       f"{mean_of(qs, m, 'rouge_l_vs_full'):.3f}", f"{alike} / {len(qs)}",
+                       f"{mean_of(qs, m, 'f1_vs_gold'):.3f}"]
+    page.compare("| method | TTFT ms |", "results.md, 2026-11-21 table", expected, key=lambda c: c.split(" (")[0])
+
+
+def check_results_alpha0(root):
+    """docs/results.md, Cache-Craft at alpha = 0 (results/cachecraft-alpha0/results.json)."""
+    page = Page(root, "docs/results.md")
+    qs = questions_of(root / "docs/results/cachecraft-alpha0/results.json")
+    expected = {m: [f"{mean_of(qs, m, 'ttft_ratio_vs_full'):.3f}", f"{100 * mean_of(qs, m, 'recompute_fraction'):.1f} %",
+                    f"{mean_of(qs, m, 'kl_first_token'):.4f}", f"{mean_of(qs, m, 'rouge_l_vs_full'):.3f}"]
+                for m in ("naive", "cachecraft@0", "cachecraft", "cachecraft-nofocus")}
+    page.compare("#### Cache-Craft without recomputation", "results.md, alpha = 0 table", expected,
+                 key=lambda c: c.split(" (")[0])
+
+
+LLAMACPP_ROWS = {"llama.cpp full prefill": "full", "naive (llama.cpp's shift-only reuse)": "naive",
+                 "kvfuse AttnLink-16": "attnlink@16", "kvfuse Cache-Craft (α = 1, no focus termination)": "cachecraft-nofocus"}
+
+
+def llamacpp_rows(qs):
+    """docs/llamacpp.md's MuSiQue table: per method over the questions that ran it, gap vs naive on those."""
+    rows = {}
+    for m in {m for q in qs for m in q["methods"]}:
+        mq = [q for q in qs if m in q["methods"]]
+        ratios = [q["methods"][m]["ttft_ratio_vs_full"] for q in mq]
+        kl = mean_of(mq, m, "kl_answer_mean")
+        rows[m] = [str(len(mq)), f"{st.mean(ratios):.3f} / {st.median(ratios):.3f}",
+                   f"{100 * mean_of(mq, m, 'recompute_fraction'):.1f} %", f"{mean_of(mq, m, 'kl_first_token'):.4f}",
+                   f"{kl:.4f}", f"{mean_of(mq, m, 'top1_answer_agreement'):.3f}",
+                   f"{100 * (1 - kl / mean_of(mq, 'naive', 'kl_answer_mean')):.0f} %",
+                   f"{mean_of(mq, m, 'rouge_l_vs_full'):.3f}", f"{mean_of(mq, m, 'f1_vs_gold'):.3f}"]
+    return rows
+
+
+def check_llamacpp(root):
+    page = Page(root, "docs/llamacpp.md")
+    d = root / "docs/results/llamacpp-2026-11-24"
+    smol = questions_of(d / "smollm2-q0-12.json", d / "smollm2-q13-19.json")
+    page.compare("**SmolLM2-135M-Instruct (Q4_1)**", "llamacpp.md, SmolLM2 table", llamacpp_rows(smol),
+                 key=lambda c: LLAMACPP_ROWS.get(c, c))
+    gemma = questions_of(d / "gemma3.json")
+    page.compare("**Gemma 3 270M (base, Q4_K_M)**", "llamacpp.md, Gemma 3 table", llamacpp_rows(gemma),
+                 key=lambda c: LLAMACPP_ROWS.get(c, c))
+    # The prefill benchmark: one JSON line per engine and size.
+    runs = {}
+    for line in (d / "bench_prefill.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        runs[(r["tokens"], r["engine"])] = r
+    expected = {}
+    for n in sorted({t for t, _ in runs}):
+        k, l = runs[(n, "kvfuse")], runs[(n, "llamacpp")]
+        expected[str(n)] = [f"{k['tokens_per_s']:.0f}", f"{l['tokens_per_s']:.0f}",
+                            f"{k['tokens_per_s'] / l['tokens_per_s']:.2f}×", f"{k['peak_rss_mib']:.0f}",
+                            f"{l['peak_rss_mib']:.0f}", f"{k['peak_rss_mib'] / l['peak_rss_mib']:.2f}"]
+    page.compare("| tokens | kvfuse tok/s |", "llamacpp.md, prefill benchmark", expected)
+
+
+def check_serving(root):
+    """docs/serving.md: one row per run (results/serving/2026-11-25/line-N.json)."""
+    page = Page(root, "docs/serving.md")
+    d = root / "docs/results/serving/2026-11-25"
+    runs = {f.stem.split("-")[1]: load_json(f) for f in sorted(d.glob("line-*.json"))}
+
+    def figures(r):  # the numbers of one row, in column order
+        t = r["throughput_tok_s"]
+        return [t["batched"], t["one_at_a_time"], t["full"], t["batched"] / t["one_at_a_time"],
+                r["ttft_ms"]["p50"] / 1000, r["ttft_ms"]["p99"] / 1000, r["ttft_ms_one_at_a_time"]["p50"] / 1000,
+                r["ttft_ms_one_at_a_time"]["p99"] / 1000, r["ttft_ms_full"]["p99"] / 1000, 100 * r["hook_overhead"],
+                100 * r["install_share"]]
+
+    def row(v, equal):
+        return [f"{v[0]:.2f}", f"{v[1]:.2f}", f"{v[2]:.2f}", f"{v[3]:.2f}", f"{v[4]:.1f} / {v[5]:.1f}",
+                f"{v[6]:.1f} / {v[7]:.1f}", f"{v[8]:.1f}", f"{v[9]:.2f} %", f"{v[10]:.2f} %", equal]
+
+    expected = {n: row(figures(r), "true" if r["equal_alone"] else "false") for n, r in runs.items()}
+    # The median row: the median over the runs of each figure (each ratio is a median of ratios).
+    columns = list(zip(*(figures(r) for r in runs.values())))
+    expected["median"] = row([st.median(c) for c in columns],
+                             "all true" if all(r["equal_alone"] for r in runs.values()) else "not all true")
+    page.compare("| run | batched tok/s |", "serving.md, runs table", expected)
+
+
+def check_cake_simulation(root):
+    """docs/cake-simulation.md: scripts/cake_table3.py's output and the two examples' JSON, as committed."""
+    page = Page(root, "docs/cake-simulation.md")
+    d = root / "docs/results/cake-sim-2026-11-25"
+    # Every line of the script's output (the table, the fits, the cells off by more than 10 %) appears on the page.
+    for line in (d / "table3.md").read_text(encoding="utf-8").splitlines():
+        if line.strip() and line not in page.lines:
+            # Point at the page's row with the same first cells, if there is one.
+            head = "|".join(line.split("|")[:3])
+            n = find_line(page.lines, head + "|")
+            have = f", the page has '{page.lines[n]}'" if n is not None else ""
+            problem(page.name, (n or 0) + 1, f"Table 3: the raw data gives '{line}'{have}")
+    # The examples: every "key": number the page shows equals the committed output's.
+    for anchor, raw in (("$ kvfuse-cake-sim --compute-ms 50,2.5", "fallback.json"),
+                        ("$ kvfuse-cake-sim --seq-len 16384", "trace.json")):
+        i = find_line(page.lines, anchor)
+        if i is None:
+            problem(page.name, 1, f"no example starting {anchor!r}")
+            continue
+        want = dict(re.findall(r'"(\w+)": ([0-9.]+)', (d / raw).read_text()))
+        j = i + 1
+        while j < len(page.lines) and not page.lines[j].startswith("```"):
+            for k, v in re.findall(r'"(\w+)": ([0-9.]+)', page.lines[j]):
+                if want.get(k) != v:
+                    problem(page.name, j + 1, f"example {raw}, '{k}': the page has '{v}', the raw data gives "
+                                              f"'{want.get(k)}'")
+            j += 1
+
+
+# ---------------------------------------------------------------------------------------------------- provenance
+
+MEASURED_HEADER = re.compile(r"\b(ms|MB/s|GB/s|Gbps|tok/s|tokens/s|TTFT|KL|RSS|MiB|GFLOP/s|µs|median|throughput)\b")
+MEASURED_LINE = re.compile(r"^(- )?(\*\*)?(Measured|Date)\b", re.M)
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+MACHINE = re.compile(r"\b(\d+[ -]cores?|\d+ vCPUs?|cores|machine|VM|H100|H200|A100)\b")
+COMMIT = re.compile(r"`([0-9a-f]{7,40})`|\bcommits? ([0-9a-f]{7,40})\b")
+COMMAND = re.compile(r"^\s*```|^ {4,}\S|`(bash |python3 |build/|scripts/|cmake |kvfuse-|\$ )", re.M)
+RAW = re.compile(r"\]\((results/[^)]*)\)|raw output\W+not kept", re.I)
+
+
+def sections(lines):
+    """Level-2 sections as (first line index, lines); fenced code is not scanned for headings."""
+    out, start, fenced = [], 0, False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("## ") and i > 0:
+            out.append((start, lines[start:i]))
+            start = i
+    out.append((start, lines[start:]))
+    return out
+
+
+def has_figures(lines):
+    """Whether the lines hold a table with a measured quantity in its header or link into results/."""
+    if re.search(r"\]\(results/", "\n".join(lines)):
+        return True
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and lines[i + 1].startswith("|--") and MEASURED_HEADER.search(line):
+            return True
+    return False
+
+
+def git_commits_checkable(root):
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-shallow-repository"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        return out == "false"
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def check_provenance(root, verbose=False):
+    check_commits = git_commits_checkable(root)
+    for path in sorted((root / "docs").glob("*.md")):
+        name = f"docs/{path.name}"
+        lines = path.read_text(encoding="utf-8").splitlines()
+        secs = sections(lines)
+        for n, (start, sec) in enumerate(secs):
+            # A section that only says it was measured ("Date:", "Measured:") and is followed by one with the
+            # figures is checked with that one.
+            claims = MEASURED_LINE.search("\n".join(sec)) is not None
+            next_has = n + 1 < len(secs) and has_figures(secs[n + 1][1])
+            if not (has_figures(sec) or (claims and not next_has)):
+                continue
+            # The scope: this section and the sections right before it that have no figures of their own.
+            scope, k = list(sec), n - 1
+            while k >= 0 and not has_figures(secs[k][1]):
+                scope = secs[k][1] + scope
+                k -= 1
+            text = "\n".join(scope)
+            title = sec[0] if sec[0].startswith("#") else "(top of the page)"
+            if verbose:
+                print(f"{name}:{start + 1}: measured figures in '{title}'")
+            for what, pattern in (("a date (YYYY-MM-DD)", DATE), ("a machine", MACHINE), ("a commit", COMMIT),
+                                  ("a command", COMMAND), ("its raw output (a link into results/ or "
+                                                           "'raw output not kept')", RAW)):
+                if not pattern.search(text):
+                    problem(name, start + 1, f"section '{title}' reports measured figures but does not name {what}")
+            for m in RAW.finditer("\n".join(sec)):
+                if m.group(1) and not (path.parent / m.group(1).split("#")[0]).exists():
+                    problem(name, start + 1, f"section '{title}' links to {m.group(1)}, which does not exist")
+            if check_commits:
+                for m in COMMIT.finditer("\n".join(sec)):
+                    c = m.group(1) or m.group(2)
+                    ok = subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{c}^{{commit}}"],
+                                        capture_output=True).returncode == 0
+                    if not ok:
+                        problem(name, start + 1, f"section '{title}' names commit {c}, which is not in the history")
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    ap.add_argument("--verbose", action="store_true", help="list the sections found to report measured figures")
+    args = ap.parse_args()
+    root = args.root.resolve()
+
+    spec = importlib.util.spec_from_file_location("merge_results", root / "scripts/merge_results.py")
+    merge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(merge)
+
+    checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
+              lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
+              lambda: check_cake_simulation(root), lambda: check_provenance(root, args.verbose)]
+    for check in checks:
+        try:
+            check()
+        except (OSError, KeyError, ValueError, ZeroDivisionError, st.StatisticsError) as e:
+            problem("scripts/check_docs.py", 0, f"{type(e).__name__}: {e}")
+    for p in problems:
+        print(p)
+    print(f"check_docs: {len(problems)} problem(s)" if problems else
+          "check_docs: every recomputed table matches its raw data; every measured section names its provenance")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
