@@ -3,7 +3,7 @@
 // time: AnyKVStore models RangedKVStore and forwards every call to the store it wraps, counting the chunk caches the
 // planner found (hits) and did not find (misses) in its batched lookups. StoreStack owns the stores --store names:
 //
-//   memory                      InMemoryKVStore
+//   memory                      InMemoryKVStore (bounded: --memory-bytes, least recently used evicted)
 //   DIR                         TieredKVStore: InMemoryKVStore over DiskKVStore(DIR), written through
 //   redis://HOST:PORT           TieredKVStore: InMemoryKVStore over RedisKVStore (a shared tier: several servers
 //   redis-cluster://H:P,...     on one Redis load each other's chunk caches), written through
@@ -122,7 +122,8 @@ static_assert(kvfuse::RangedKVStore<AnyKVStore>);
 // asks the slow tier only for what the fast one missed).
 class StoreStack {
  public:
-  explicit StoreStack(const std::string& spec) {
+  // memory_bytes: the capacity of the memory tier (least recently used entries evicted; InMemoryKVStore).
+  StoreStack(const std::string& spec, std::int64_t memory_bytes) : memory_(memory_bytes) {
     if (spec == "memory") {
       any_.emplace(memory_);
       description_ = "memory";
@@ -155,6 +156,7 @@ class StoreStack {
 
   [[nodiscard]] AnyKVStore& store() noexcept { return *any_; }
   [[nodiscard]] const std::string& description() const noexcept { return description_; }
+  [[nodiscard]] const kvfuse::InMemoryKVStore& memory() const noexcept { return memory_; }
 
   // Chunk caches the planner's lookups found, per tier (fastest first).
   [[nodiscard]] std::vector<std::pair<std::string, std::int64_t>> hits_per_tier() const {

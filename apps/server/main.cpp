@@ -82,6 +82,7 @@ struct Options {
   std::int64_t max_running = 16;
   std::int64_t max_body_bytes = 4 << 20;
   std::int64_t max_tokens_default = 256;
+  std::int64_t memory_bytes = std::int64_t{2} << 30;
 };
 
 constexpr std::string_view kUsage =
@@ -90,6 +91,7 @@ constexpr std::string_view kUsage =
     "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]\n"
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
     "                     [--max-running 16] [--max-body-bytes 4194304] [--max-tokens-default 256]\n"
+    "                     [--memory-bytes 2147483648]\n"
     "--method auto: the CacheBlend setting the calibration gate chose for the model (kvfuse-rag-eval --calibrated),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused CacheBlend. docs/server.md.\n";
 
@@ -115,6 +117,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-running") o.max_running = parse_int(flag, v);
     else if (flag == "--max-body-bytes") o.max_body_bytes = parse_int(flag, v);
     else if (flag == "--max-tokens-default") o.max_tokens_default = parse_int(flag, v);
+    else if (flag == "--memory-bytes") o.memory_bytes = parse_int(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
   }
   kvfuse::require(o.port <= 65535, "--port: {} is not a port", o.port);
@@ -125,6 +128,7 @@ Options parse(int argc, char** argv) {
   kvfuse::require(o.max_running >= 1, "--max-running: {} must be >= 1", o.max_running);
   kvfuse::require(o.max_body_bytes >= 1, "--max-body-bytes: {} must be >= 1", o.max_body_bytes);
   kvfuse::require(o.max_tokens_default >= 1, "--max-tokens-default: {} must be >= 1", o.max_tokens_default);
+  kvfuse::require(o.memory_bytes >= 1, "--memory-bytes: {} must be >= 1", o.memory_bytes);
   o.model = kvfuse_example::resolve_model(o.model);
   return o;
 }
@@ -415,6 +419,8 @@ class Api {
       g.store_misses = stores_.store().misses();
       g.redis_unavailable = stores_.redis_unavailable();
       g.redis_rejected = stores_.redis_rejected();
+      g.memory_bytes = stores_.memory().bytes();
+      g.memory_evictions = stores_.memory().evictions();
       res.set_content(metrics_.render(g), "text/plain; version=0.0.4");
     });
     // Answers httplib gives by itself (no route, a body over the limit, an unreadable request) get an error body.
@@ -661,7 +667,7 @@ int main(int argc, char** argv) try {
   std::string why = "--method";
   const kvfuse::FusionMethod method = o.method == "auto" ? auto_method(model.fingerprint(), why)
                                                          : server_method(o.method);
-  kvfuse_server::StoreStack stores(o.store);
+  kvfuse_server::StoreStack stores(o.store, o.memory_bytes);
   kvfuse_server::Metrics metrics;
   kvfuse::BatchEngineConfig config;
   config.budget.token_budget = o.token_budget;

@@ -47,6 +47,8 @@ struct Gauges {
   std::int64_t store_misses = 0;
   std::int64_t redis_unavailable = 0;
   std::int64_t redis_rejected = 0;
+  std::int64_t memory_bytes = 0;      // the memory tier's payload
+  std::int64_t memory_evictions = 0;  // entries it evicted to make room (--memory-bytes)
 };
 
 class Metrics {
@@ -110,6 +112,10 @@ class Metrics {
     counter("kvfuse_store_misses_total", "Chunk caches the planner found in no tier.", g.store_misses);
     counter("kvfuse_redis_unavailable_total", "Redis reads the server could not answer (misses).", g.redis_unavailable);
     counter("kvfuse_redis_rejected_total", "Redis values rejected by their checks (misses).", g.redis_rejected);
+    counter("kvfuse_store_memory_evictions_total", "Chunk caches the memory tier evicted (least recently used).",
+            g.memory_evictions);
+    gauge("kvfuse_store_memory_bytes", "Bytes of chunk caches in the memory tier (at most --memory-bytes).",
+          g.memory_bytes);
     gauge("kvfuse_requests_in_flight", "Requests in the engine, queued or running.", g.in_flight);
     gauge("kvfuse_queue_limit", "Requests the engine takes at once (--queue-limit); more are answered 429.",
           g.queue_limit);

@@ -4,9 +4,9 @@
 Starts the real kvfuse-server (KVFUSE_SERVER_BIN) with SmolLM2 (KVFUSE_MODEL, else the file scripts/fetch_model.sh
 caches) on a free loopback port and checks completions (non-streamed and streamed, equal at temperature 0), usage
 and kvfuse's usage object (chunks loaded when their parts come back in another order), stop sequences, seeded
-sampling, OpenAI-style errors (400 naming the field, 413, 429, 404), /v1/models, /health, /metrics, a client that
-goes away mid-stream, and two servers sharing chunk caches through one redis-server (one of them SIGKILLed
-mid-request while the other serves; Redis killed mid-run).
+sampling, OpenAI-style errors (400 naming the field, 413, 429, 404), /v1/models, /health, /metrics, a bounded
+memory tier, a client that goes away mid-stream, and two servers sharing chunk caches through one redis-server
+(one of them SIGKILLed mid-request while the other serves; Redis killed mid-run).
 
 Exit code 77 (CTest: skipped) when the model, the binary or the openai client (installed into KVFUSE_SERVER_VENV,
 a venv, when missing) is not available, or when KVFUSE_SERVER_OPTIMIZED=0 (a Debug or sanitizer build).
@@ -132,6 +132,8 @@ PASSAGES = [
     "The Danube flows east from the Black Forest through Vienna, Budapest and Belgrade.",
 ]
 QUESTION = "Which river flows through Lake Constance?"
+KOSCIUSZKO = ["Mount Kosciuszko is the highest mountain of mainland Australia.",
+              "It was named by the Polish explorer Pawel Strzelecki in 1840."]
 
 
 class ServerTest(unittest.TestCase):
@@ -330,6 +332,30 @@ class QueueLimitTest(unittest.TestCase):
             server.stop()
 
 
+class MemoryLimitTest(unittest.TestCase):
+    def test_memory_tier_evicts_least_recently_used_chunks_and_stays_under_its_limit(self):
+        limit = 3_000_000  # SmolLM2 keeps about 46 kB of KV per token: a few short parts
+        server = Server("--memory-bytes", str(limit))
+        try:
+            client = server.client()
+            ask = lambda *texts: client.chat.completions.create(model="smollm2", messages=parts(*texts),
+                                                                max_tokens=2, temperature=0)
+            ask(*KOSCIUSZKO, "Who named it?")
+            again = ask(KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")
+            self.assertGreaterEqual(kvfuse_usage(again)["loaded_tokens"], kvfuse_usage(again)["chunk_tokens"])
+            ask(*PASSAGES, QUESTION)  # more parts than the limit holds: the least recently used go
+            metrics = server.get("/metrics")[1]
+            evicted = int(metrics.split("\nkvfuse_store_memory_evictions_total ")[1].split()[0])
+            held = int(metrics.split("\nkvfuse_store_memory_bytes ")[1].split()[0])
+            self.assertGreater(evicted, 0)
+            self.assertLessEqual(held, limit)
+            late = ask(KOSCIUSZKO[1], KOSCIUSZKO[0], "Who named it?")  # evicted parts are computed again
+            self.assertLess(kvfuse_usage(late)["loaded_tokens"], kvfuse_usage(late)["chunk_tokens"])
+            self.assertEqual(late.choices[0].finish_reason, "length")
+        finally:
+            server.stop()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -361,10 +387,6 @@ class Redis:
             self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-KOSCIUSZKO = ["Mount Kosciuszko is the highest mountain of mainland Australia.",
-              "It was named by the Polish explorer Pawel Strzelecki in 1840."]
 
 
 @unittest.skipUnless(shutil.which("redis-server"), "redis-server is not installed")
