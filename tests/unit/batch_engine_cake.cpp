@@ -277,3 +277,31 @@ TEST_CASE("CpuBatchEngine: each step decodes first, then chunked prefill, then C
     }
   }
 }
+
+TEST_CASE("CpuBatchEngine: a Cake request cancelled while its loads run leaves, and the others are unchanged") {
+  const CpuLlama model = small_untied_llama();
+  InMemoryKVStore memory;
+  ThrottledKVStore<InMemoryKVStore> slow(memory, {1.0, 5.0});  // a 24 KB chunk takes about 30 ms
+  const std::vector<GenerationRequest> requests{full_request(make_prompt(200, 2), 4),
+                                                full_request(make_prompt(100, 1), 3)};
+  store_prefix(model, requests[0].tokens, 160, memory);
+  CpuBatchEngine<ThrottledKVStore<InMemoryKVStore>> engine(model, slow, cake_config(LoaderMode::load_only));
+  const std::uint64_t cake = engine.submit(requests[0]);
+  const std::uint64_t plain = engine.submit(requests[1]);
+  (void)engine.step();
+  engine.cancel(cake);
+  std::vector<token_id> tokens;
+  bool cancelled = false;
+  while (!engine.idle()) {
+    for (const TokenEvent& e : engine.step()) {
+      if (e.request == cake && e.finish == FinishReason::cancelled) {
+        cancelled = true;
+        CHECK(e.metrics.stored_prefix == 160);  // it was a Cake request
+        CHECK(e.metrics.meet_token == 0);
+      }
+      if (e.request == plain && e.token) tokens.push_back(*e.token);
+    }
+  }
+  CHECK(cancelled);
+  CHECK(tokens == alone(model, requests[1]));
+}

@@ -78,8 +78,6 @@ class CakeRequests {
     io_.join();  // a fetch in flight completes first (KVStore::get blocks)
   }
 
-  [[nodiscard]] const BidirectionalLoader<Compute, Store>& loader() const noexcept { return loader_; }
-
   // The stored prefix of `tokens` (0: none, not a Cake request); with one, request `id` joins and its loads
   // start. `compute` gives the model's fingerprint of the prefix keys.
   std::int64_t admit(std::uint64_t id, const Compute& compute, std::span<const token_id> tokens) {
