@@ -18,10 +18,12 @@
 // as the exact prefix and prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
 // question; a second JSON object gives its TTFT next to full prefill's, the first token's KL and agreement, and
 // how much of the chunk caches' load stayed visible with layer-pipelined loading. With --serve N, N requests (the
-// N questions from --start, each request as above; every other one has its stored prefix, the rest are plain) run together
-// in one step loop (serve: Cake's TokenBudgetScheduler with a budget of --compute-chunk tokens per step, decode
-// first) and each decodes --decode-tokens greedy tokens; a third JSON object gives, per request, its first-token
-// step and time and whether its tokens equal serving it alone. With --out DIR, writes cake_timeline.png
+// N questions from --start, each request as above; every other one has its stored prefix, the rest are plain) run
+// together in one CpuBatchEngine (continuous batching under Cake's TokenBudgetScheduler with a budget of
+// --compute-chunk tokens per step: decode first, then chunked prefill, then the Cake requests' compute sides while
+// their prefixes load from the back) and each decodes --decode-tokens greedy tokens; a third JSON object gives, per
+// request, its stored prefix, meeting point, first-token step and time and whether its tokens equal serving it
+// alone. With --out DIR, writes cake_timeline.png
 // (gnuplot): one request's compute chunks (forward) and loads (backward) and where they met.
 
 #include <unistd.h>
@@ -34,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -279,12 +282,12 @@ int main(int argc, char** argv) try {
   } else {
     composed(memory);
   }
-  // Several requests in one step loop: Cake's token budget decides whose chunk runs each step, decode first.
+  // Several requests in one engine (CpuBatchEngine): Cake's token budget decides whose rows run each step, decode
+  // first; a request with a stored prefix is a Cake request, its prefix loaded from the back meanwhile.
   bool served_exact = true;
   const auto served = [&](auto& inner) {
     kvfuse::ThrottledKVStore link(inner, o.link);
-    using Session = kvfuse::CpuLlamaSession;
-    std::vector<kvfuse::ServedRequest<Session>> requests;
+    std::vector<std::vector<kvfuse::token_id>> prompts;
     std::vector<std::vector<kvfuse::token_id>> alone;  // each request served alone: full prefill + greedy
     const std::vector<Question> serve_questions = load_questions(o.data, o.start, o.serve, 10);
     for (std::int64_t i = 0; i < o.serve; ++i) {
@@ -301,25 +304,48 @@ int main(int argc, char** argv) try {
           inner.put(keys[static_cast<std::size_t>(b / o.fetch_chunk)], full.kv.to_block({b, b + o.fetch_chunk}));
       }
       alone.push_back(model.greedy_decode(full.kv, full.logits, o.decode_tokens, -1));
-      requests.push_back({static_cast<std::uint64_t>(i + 1), Session(model, tokens), tokens, o.decode_tokens});
+      prompts.push_back(std::move(tokens));
     }
-    const kvfuse::ServingTrace t =
-        kvfuse::serve(kvfuse::TokenBudgetScheduler({o.compute_chunk}),
-                      kvfuse::BidirectionalLoader<Session, decltype(link)>({o.compute_chunk, o.fetch_chunk}), requests, link);
+    kvfuse::BatchEngineConfig config;
+    config.budget.token_budget = o.compute_chunk;
+    config.cake.fetch_chunk = o.fetch_chunk;
+    kvfuse::CpuBatchEngine<decltype(link)> engine(model, link, config);
+    std::vector<std::uint64_t> ids;
+    for (const std::vector<kvfuse::token_id>& tokens : prompts) {
+      kvfuse::GenerationRequest r;
+      r.tokens = tokens;
+      r.layout = kvfuse::PromptLayout::from_lengths({}, static_cast<std::int64_t>(tokens.size()));
+      r.max_new_tokens = o.decode_tokens;
+      ids.push_back(engine.submit(std::move(r)));
+    }
+    std::map<std::uint64_t, std::vector<kvfuse::token_id>> tokens;
+    std::map<std::uint64_t, kvfuse::RequestMetrics> metrics;
+    std::map<std::uint64_t, std::int64_t> first_step;
+    std::int64_t steps = 0;
+    for (; !engine.idle(); ++steps) {
+      for (const kvfuse::TokenEvent& e : engine.step()) {
+        kvfuse::require(e.status == kvfuse::Status::success, "serve: request {}: {}", e.request, e.error);
+        if (e.token) {
+          first_step.emplace(e.request, steps);
+          tokens[e.request].push_back(*e.token);
+        }
+        if (e.finish != kvfuse::FinishReason::none) metrics[e.request] = e.metrics;
+      }
+    }
     nlohmann::json j;
-    j["serve"]["steps"] = t.steps.size();
+    j["serve"]["steps"] = steps;
     j["serve"]["token_budget"] = o.compute_chunk;
-    for (std::size_t i = 0; i < t.requests.size(); ++i) {
-      const kvfuse::ServedRequestTrace& r = t.requests[i];
-      const bool same = r.tokens == alone[i];
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const kvfuse::RequestMetrics& m = metrics.at(ids[i]);
+      const bool same = tokens[ids[i]] == alone[i];
       served_exact = served_exact && same;
-      j["serve"]["requests"].push_back({{"id", r.id},
-                                        {"tokens", requests[i].prompt.size()},
-                                        {"stored_prefix", r.loader.stored_tokens},
-                                        {"meet_token", r.loader.meet_token},
-                                        {"loaded_tokens", r.loader.loaded_tokens},
-                                        {"first_token_step", r.first_token_step},
-                                        {"ttft_ms", r.ttft_ms},
+      j["serve"]["requests"].push_back({{"id", ids[i]},
+                                        {"tokens", prompts[i].size()},
+                                        {"stored_prefix", m.stored_prefix},
+                                        {"meet_token", m.meet_token},
+                                        {"loaded_tokens", m.loaded_tokens},
+                                        {"first_token_step", first_step.at(ids[i])},
+                                        {"ttft_ms", m.ttft_ms},
                                         {"tokens_equal_alone", same}});
     }
     fmt::print("{}\n", j.dump());

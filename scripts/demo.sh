@@ -13,8 +13,8 @@
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
 #      against full prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
 #      CacheBlend (passages 2-4, reused chunk caches, read layer by layer while the model computes) against full
-#      prefill; then three requests (two with stored prefixes) served together in one step loop under Cake's
-#      token budget (serve), each checked against serving it alone;
+#      prefill; then three requests (two with stored prefixes) served together in CpuBatchEngine under Cake's
+#      token budget, each checked against serving it alone;
 #   4. Cake's bidirectional loader (virtual time) on the paper's setting — LongAlpaca-13B, 16K tokens,
 #      800 kB/token, compute chunk 512 — for an H100 cost model fitted from Cake's Table 3
 #      (docs/cake-simulation.md), next to compute-only, I/O-only and the best static split.
@@ -97,7 +97,7 @@ if [[ -f $data ]]; then
   echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."
   echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages,"
   echo " their chunk caches read layer by layer while the model computes (chunk_load_wait_ms: what stayed visible);"
-  echo " third line: three requests in one step loop under Cake's token budget, decode first; tokens_equal_alone)"
+  echo " third line: three requests batched in CpuBatchEngine under Cake's token budget, decode first; tokens_equal_alone)"
 fi
 echo
 echo "== Cake, simulated at the paper's scale"

@@ -13,9 +13,6 @@ struct MinimalCompute {
   void compute_kv(kvfuse::TokenRange) {}
   void install_kv(kvfuse::TokenRange, const kvfuse::KVBlock&) {}
 };
-struct MinimalDecoding : MinimalCompute {  // what serve needs: greedy decoding, one token per call
-  kvfuse::token_id decode_step() { return 0; }
-};
 struct MinimalStore {
   bool contains(const kvfuse::KVKey&) const { return false; }
   std::vector<bool> contains_many(std::span<const kvfuse::KVKey> keys) const { return std::vector<bool>(keys.size()); }
@@ -126,8 +123,6 @@ static_assert(kvfuse::MeasuredTierStore<TierStoreWithPutIntoTier>);
 static_assert(!kvfuse::MeasuredTierStore<TierStoreWithPlacementState>);
 static_assert(!kvfuse::KVStore<kvfuse::SimulatedCompute>);
 static_assert(!kvfuse::ComputeBackend<kvfuse::InMemoryKVStore>);
-static_assert(kvfuse::DecodingBackend<MinimalDecoding>);
-static_assert(!kvfuse::DecodingBackend<MinimalCompute>);
 
 // The loader accepts any pair of models: run_threaded (real threads) for every pair, BidirectionalLoader::run
 // (virtual time) only when both model their costs. The explicit instantiations compile every member and the
@@ -140,10 +135,8 @@ template kvfuse::LoaderTrace kvfuse::run_threaded(
     const kvfuse::BidirectionalLoader<kvfuse::SimulatedCompute, kvfuse::InMemoryKVStore>&, kvfuse::SimulatedCompute&,
     kvfuse::InMemoryKVStore&, std::span<const kvfuse::token_id>);
 
-// The serving loop instantiates for the smallest decoding engine.
-template kvfuse::ServingTrace kvfuse::serve(const kvfuse::TokenBudgetScheduler&,
-                                            const kvfuse::BidirectionalLoader<MinimalDecoding, MinimalStore>&,
-                                            std::vector<kvfuse::ServedRequest<MinimalDecoding>>&, MinimalStore&);
+// Cake's requests in an engine's step loop instantiate for the smallest engine and store.
+template class kvfuse::CakeRequests<MinimalCompute, MinimalStore>;
 
 template <class Loader, class Compute, class Store>
 concept VirtualTimeRun = requires(const Loader& l, Compute& c, Store& s, std::span<const kvfuse::token_id> t) {

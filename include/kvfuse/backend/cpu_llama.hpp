@@ -20,7 +20,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -123,22 +122,6 @@ class CpuLlamaSession {
     return model_->greedy_decode(kv, first, max_new_tokens, eos);
   }
 
-  // Greedy decoding one token per call, as a serving loop's steps run it (serve, schedule/serving_loop.hpp): the
-  // first call returns the most likely token after the prompt (the whole prompt must be resident); each later
-  // call appends the token returned last to a copy of the prompt's KV taken at the first call (CpuLlama::extend,
-  // one token's forward pass: a decode step) and returns the most likely token after it. n calls return
-  // generate(n, -1)'s tokens; kv(), logits() and generate() keep seeing the prompt alone.
-  token_id decode_step() {
-    if (!decode_kv_) {
-      const std::span<const float> first = logits();
-      decode_kv_ = kv_;
-      last_decoded_ = argmax_token(first);
-    } else {
-      last_decoded_ = argmax_token(model_->extend(*decode_kv_, std::span<const token_id>(&last_decoded_, 1)));
-    }
-    return last_decoded_;
-  }
-
  private:
   void mark(TokenRange r) {
     for (std::int64_t t = r.begin; t < r.end; ++t) resident_[static_cast<std::size_t>(t)] = true;
@@ -151,8 +134,6 @@ class CpuLlamaSession {
   std::vector<bool> resident_;
   std::int64_t prefix_ = 0;
   std::vector<float> logits_;  // of the last prompt token, once computed
-  std::optional<LlamaKVCache> decode_kv_;  // the prompt's KV and the decoded tokens but the last (decode_step)
-  token_id last_decoded_ = 0;
 };
 
 static_assert(ComputeBackend<CpuLlamaSession>);

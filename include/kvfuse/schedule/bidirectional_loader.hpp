@@ -28,8 +28,9 @@
 // Three drivers run the same race (detail::CakeRace): BidirectionalLoader::run, in virtual time, for backends
 // that model their costs (CostModeledCompute / CostModeledStore: simulations, what-if planning), here;
 // run_threaded (schedule/threaded_loader.hpp, umbrella kvfuse/runtime.hpp), two real threads on the steady
-// clock, for real backends; and serve (schedule/serving_loop.hpp), Cake requests next to other traffic in an
-// engine's step loop, their compute side fed by TokenBudgetScheduler. This header starts no thread.
+// clock, for real backends; and CakeRequests (schedule/cake_requests.hpp), Cake requests next to other traffic
+// in an engine's step loop, their compute side fed by TokenBudgetScheduler (CpuBatchEngine). This header starts
+// no thread.
 
 #include <algorithm>
 #include <concepts>

@@ -38,7 +38,7 @@ namespace kvfuse {
 
 namespace detail {
 
-// One fetch of Cake's I/O side on a real thread (run_threaded; serve, schedule/serving_loop.hpp). Called with
+// One fetch of Cake's I/O side on a real thread (run_threaded; CakeRequests, schedule/cake_requests.hpp). Called with
 // `lock` held and `r` = race.next_fetch(): reads the store with the lock released, then records under it
 // whether the chunk landed (its block kept in `loaded`), failed (a miss, a wrong-sized block or an exception:
 // the loads stop and compute covers the rest) or came too late (the compute side covered it meanwhile:

@@ -4,22 +4,31 @@
 // one matrix product per weight, attention per request over its own KV), kvfuse's fusion methods through the
 // request-keyed hooks of FusionConnector (fusion/connector.hpp), exactly as a GPU engine would call them.
 //
-// A step (step()): new requests are planned (FusionConnector::plan, no side effects) and their loads started;
-// Cake's TokenBudgetScheduler splits the token budget — one row to every decoding request first, then prefills in
-// arrival order: a full-prefill request takes the budget in chunks (chunked prefill), a fusion request's partial
-// prefill (|S_0| rows; its S_l shrink on later layers) runs whole in one step, when the budget left holds it or
-// nothing else is in the step. Reused chunks without a stored chunk cache are computed in context for the request
-// and, in the same batch, alone at position 0 (CacheBlend's chunk cache), saved asynchronously for later requests.
-// The step whose prefill computes a prompt's last row samples the first token; each later step one more.
-// Requests arrive (submit) and leave (finish, cancel) between steps; a finished request frees its KV.
+// A step (step()): new requests are planned (FusionConnector::plan, no side effects) and their loads started; a
+// full-prefill request whose prompt has stored prefix entries (prefix_chunk_keys) is a Cake request, its stored
+// prefix loaded from the back by CakeRequests' I/O thread (schedule/cake_requests.hpp). Cake's
+// TokenBudgetScheduler splits the token budget (Cake §3, §5.4) — one row to every decoding request first, then
+// prefills in arrival order: a full-prefill request takes the budget in chunks (chunked prefill), a fusion
+// request's partial prefill (|S_0| rows; its S_l shrink on later layers) runs whole in one step, when the budget
+// left holds it or nothing else is in the step; last, what is left goes to the Cake requests' compute sides,
+// each computing from the front up to where its loads are (Cake §4, appendix B). Where a Cake request's two sides
+// met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
+// without a stored chunk cache are computed in context for the request and, in the same batch, alone at position
+// 0 (CacheBlend's chunk cache), saved asynchronously for later requests. The step whose prefill computes a
+// prompt's last row samples the first token; each later step one more. Requests arrive (submit) and leave
+// (finish, cancel) between steps; a finished request frees its KV.
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
 // (FusionConnector::recover: those chunks are computed instead) and it prefills again in a later step; the other
-// requests of the batch are not touched. Bad input is refused at submit with a kvfuse::error naming it (code
-// beyond_context for a prompt plus max_tokens beyond the model's context).
+// requests of the batch are not touched. A Cake request's load that misses, fails or does not fit stops its loads:
+// its compute side covers the rest (chunked prefill from where it got to). Bad input is refused at submit with a
+// kvfuse::error naming it (code beyond_context for a prompt plus max_tokens beyond the model's context).
 //
 // The first token's logits of a request equal those of FusionPipeline::run of the same prompt and method over the
-// same store contents, bit for bit, batched or alone (CpuLlama::forward's rows do not see each other).
+// same store contents, bit for bit, batched or alone (CpuLlama::forward's rows do not see each other). A Cake
+// request's equal full prefill's to float rounding when its stored prefix is full prefill's KV: where its two sides
+// meet sets the boundaries of its computed chunks, and the softmax sums a query block's keys in SIMD lanes with a
+// scalar tail, so the last bits depend on them.
 //
 // Thread safety: submit and cancel from any thread; step and idle from one thread (the engine's loop).
 
@@ -47,6 +56,8 @@
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/fusion/connector.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/schedule/bidirectional_loader.hpp"
+#include "kvfuse/schedule/cake_requests.hpp"
 #include "kvfuse/schedule/token_budget_scheduler.hpp"
 
 namespace kvfuse {
@@ -69,6 +80,8 @@ struct RequestMetrics {
   std::int64_t prompt_tokens = 0;
   std::int64_t completion_tokens = 0;
   std::int64_t loaded_tokens = 0;      // prompt rows whose KV came from the store
+  std::int64_t stored_prefix = 0;      // Cake: the stored exact prefix found at submit (0: not a Cake request)
+  std::int64_t meet_token = 0;         // Cake: rows [0, meet_token) computed from the front, the rest loaded
   double recomputed_rows = 0.0;        // Σ_l |S_l| / L: prompt rows recomputed, averaged over the layers
   double ttft_ms = 0.0;                // submit -> first token
   std::int64_t restarts = 0;           // prefills run again after a failed read
@@ -84,8 +97,10 @@ struct TokenEvent {
 };
 
 struct StepStats {
+  StepPlan plan;                       // the scheduler's split of the step's token budget
   std::int64_t decode_rows = 0;
-  std::int64_t prefill_rows = 0;       // |S_0| of the step's prefills (chunk caches included)
+  std::int64_t prefill_rows = 0;       // |S_0| of the step's prefills (chunk caches and Cake rows included)
+  std::int64_t cake_rows = 0;          // rows the Cake requests' compute sides computed (at most their allocation)
   std::int64_t items = 0;              // requests (and chunk caches) in the batch
   double step_ms = 0.0;
   double hook_ms = 0.0;                // inside kvfuse's per-layer hooks (FusionConnector), not blocked: the policies
@@ -97,10 +112,15 @@ struct BatchEngineConfig {
   TokenBudgetConfig budget{};          // Cake's token budget per step
   ConnectorConfig connector{};
   std::size_t max_running = 64;        // requests admitted at once (the rest queue)
+  LoaderConfig cake{};                 // Cake requests: fetch_chunk (the prefix entries' grid) and mode; compute_chunk
+                                       // is set to the token budget (the unit of the adaptive mode's predictions)
+  LoaderEstimate cake_estimate{};      // the adaptive mode's a-priori costs
 
   void validate() const {
     budget.validate();
     connector.validate();
+    cake.validate();
+    cake_estimate.validate();
     detail::require(max_running >= 1, "BatchEngineConfig: max_running = {} must be >= 1", max_running);
   }
 };
@@ -112,7 +132,8 @@ class CpuBatchEngine {
       : model_(&model),
         config_((config.validate(), config)),
         scheduler_(config.budget),
-        connector_(store, shape_of(model), config.connector) {}
+        connector_(store, shape_of(model), config.connector),
+        cake_(store, BidirectionalLoader<CpuLlamaFusion, Store>(cake_loader(config), config.cake_estimate)) {}
 
   [[nodiscard]] FusionConnector<Store>& connector() noexcept { return connector_; }
   [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
@@ -160,8 +181,9 @@ class CpuBatchEngine {
     stats_ = {};
     std::vector<TokenEvent> events;
     admit(events);
+    install_met();
 
-    // Cake's token budget: decodes first, then prefills in arrival order.
+    // Cake's token budget: decodes first, then prefills in arrival order, then Cake requests' compute sides.
     std::vector<std::uint64_t> decodes;
     std::vector<PrefillRequest> prefills;
     for (const auto& [id, r] : running_) {
@@ -169,9 +191,12 @@ class CpuBatchEngine {
     }
     for (std::uint64_t id : arrival_) {
       Running& r = *running_.at(id);
-      if (r.phase == Phase::prefill) prefills.push_back({id, r.prefill_cost(), false});
+      if (r.phase != Phase::prefill) continue;
+      prefills.push_back(r.cake ? PrefillRequest{id, cake_.wanted(id), true}
+                                : PrefillRequest{id, r.prefill_cost(), false});
     }
-    const StepPlan plan = scheduler_.plan_step(decodes, prefills);
+    stats_.plan = scheduler_.plan_step(decodes, prefills);
+    const StepPlan& plan = stats_.plan;
 
     items_.clear();
     roles_.clear();
@@ -189,6 +214,20 @@ class CpuBatchEngine {
         items_.push_back(std::move(item));
         roles_.push_back({a.id, Role::decode});
         ++stats_.decode_rows;
+        continue;
+      }
+      if (a.use == BudgetUse::cached_prefill) {  // Cake's compute side, from the front up to the loads
+        const TokenRange rows = cake_.claim(a.id, a.tokens);
+        if (rows.empty()) continue;
+        BatchItem item;
+        item.kv = &r.fusion.kv();
+        append_range(item.rows, rows);
+        item.tokens = slice(r.request.tokens, rows);
+        item.want_logits = false;  // the last prompt token is never in a stored prefix
+        items_.push_back(std::move(item));
+        roles_.push_back({a.id, Role::cake});
+        stats_.prefill_rows += rows.size();
+        stats_.cake_rows += rows.size();
         continue;
       }
       if (r.is_full()) {  // chunked prefill of rows [prefilled, prefilled + tokens)
@@ -260,6 +299,11 @@ class CpuBatchEngine {
       if (role.kind == Role::chunk_cache) continue;
       Running& r = *running_.at(role.id);
       BatchItem& item = items_[i];
+      if (role.kind == Role::cake) {
+        cake_.computed(role.id, {item.rows.front(), item.rows.back() + 1});
+        for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
+        continue;
+      }
       if (role.kind == Role::fusion && item.status != Status::success) {  // a failed read: its chunks computed
         r.plan = connector_.recover(role.id, r.request.method);
         r.fusion.begin(r.request.tokens);
@@ -287,6 +331,8 @@ class CpuBatchEngine {
     }
     std::erase_if(arrival_, [this](std::uint64_t id) { return running_.at(id)->phase == Phase::done; });
     std::erase_if(running_, [](const auto& kv) { return kv.second->phase == Phase::done; });
+    if (items_.empty() && std::any_of(running_.begin(), running_.end(), [](const auto& kv) { return kv.second->cake; }))
+      cake_.wait_for_loads(std::chrono::milliseconds(1));  // only Cake requests, waiting for their loads
     stats_.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     return events;
   }
@@ -303,7 +349,8 @@ class CpuBatchEngine {
     CpuLlamaFusion fusion;             // the request's KV
     FusionPlan plan;
     Phase phase = Phase::prefill;
-    std::int64_t prefilled = 0;        // full prefill: rows computed so far
+    std::int64_t prefilled = 0;        // full prefill: rows computed (or, for a Cake request, installed) so far
+    bool cake = false;                 // a Cake request whose two sides have not met yet
     std::vector<token_id> initial_tokens;
     std::mt19937_64 rng;
     token_id last = 0;
@@ -320,7 +367,7 @@ class CpuBatchEngine {
 
   struct Role {
     std::uint64_t id = 0;
-    enum Kind { decode, chunked, fusion, chunk_cache } kind = decode;
+    enum Kind { decode, chunked, fusion, chunk_cache, cake } kind = decode;
   };
 
   // The engine's side of the per-layer hooks: fusion items wait for their loaded layer and install it, and hand
@@ -360,6 +407,12 @@ class CpuBatchEngine {
     }
   };
 
+  static LoaderConfig cake_loader(const BatchEngineConfig& config) {
+    LoaderConfig c = config.cake;
+    c.compute_chunk = config.budget.token_budget;
+    return c;
+  }
+
   static EngineShape shape_of(const CpuLlama& model) {
     const CpuLlamaFusion probe(model);
     return {probe.model_fingerprint(), probe.num_layers(), probe.layer_bytes(1)};
@@ -381,8 +434,7 @@ class CpuBatchEngine {
         return true;
       });
       if (const auto it = running_.find(id); it != running_.end() && it->second->phase != Phase::done) {
-        connector_.finish(id);
-        it->second->phase = Phase::done;
+        leave(*it->second);
         events.push_back({id, std::nullopt, FinishReason::cancelled, Status::cancelled, "cancelled", it->second->metrics});
       }
     }
@@ -398,7 +450,15 @@ class CpuBatchEngine {
       Running& ref = *r;
       running_.emplace(id, std::move(r));
       arrival_.push_back(id);
-      if (ref.is_full()) continue;
+      if (ref.is_full()) {  // a Cake request when its prompt has a stored prefix
+        try {
+          ref.metrics.stored_prefix = cake_.admit(id, ref.fusion, ref.request.tokens);
+        } catch (const std::exception&) {  // the lookup failed: computed like any other prompt
+          ref.metrics.stored_prefix = 0;
+        }
+        ref.cake = ref.metrics.stored_prefix > 0;
+        continue;
+      }
       try {
         ref.plan = connector_.plan(id, ref.request.tokens, ref.request.layout, ref.request.method);
       } catch (const error& e) {
@@ -412,9 +472,37 @@ class CpuBatchEngine {
     }
   }
 
-  void fail(Running& r, Status s, std::string why, std::vector<TokenEvent>& events) {
+  // Cake requests whose two sides met: their loaded KV installed; the rest of their prompt is chunked prefill from
+  // the stored prefix's end. A block that does not fit (foreign entry, other position) is computed instead: chunked
+  // prefill from the compute side's front.
+  void install_met() {
+    for (std::uint64_t id : arrival_) {
+      Running& r = *running_.at(id);
+      if (!r.cake) continue;
+      std::optional<typename Cake::Met> met = cake_.take_met(id);
+      if (!met) continue;
+      r.cake = false;
+      r.metrics.meet_token = met->trace.meet_token;
+      bool fits = true;
+      for (const auto& [range, block] : met->blocks) {
+        fits = fits && block.first_position == range.begin && block.bytes.size() == r.fusion.block_bytes(range.size());
+        if (fits) r.fusion.install_kv(range, block);
+      }
+      r.prefilled = fits ? met->trace.stored_tokens : met->trace.meet_token;
+      r.metrics.loaded_tokens = fits ? met->trace.loaded_tokens : 0;
+    }
+  }
+
+  // r leaves: its loads stop, its buffers are freed.
+  void leave(Running& r) {
     connector_.finish(r.id);
+    if (r.cake) cake_.remove(r.id);
+    r.cake = false;
     r.phase = Phase::done;
+  }
+
+  void fail(Running& r, Status s, std::string why, std::vector<TokenEvent>& events) {
+    leave(r);
     events.push_back({r.id, std::nullopt, FinishReason::error, s, std::move(why), r.metrics});
   }
 
@@ -448,11 +536,13 @@ class CpuBatchEngine {
   }
 
   using Waiting = std::tuple<std::uint64_t, GenerationRequest, Clock::time_point>;
+  using Cake = CakeRequests<CpuLlamaFusion, Store>;
 
   const CpuLlama* model_;
   BatchEngineConfig config_;
   TokenBudgetScheduler scheduler_;
   FusionConnector<Store> connector_;
+  Cake cake_;                       // the Cake requests' races and their I/O thread
   mutable std::mutex inbox_mutex_;  // guards inbox_, cancelled_, next_id_
   std::vector<Waiting> inbox_;
   std::set<std::uint64_t> cancelled_;
