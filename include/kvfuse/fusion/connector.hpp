@@ -9,9 +9,9 @@
 // Worker side, per request, called by the engine's forward pass for every request of a batch:
 //   start(plan, method[, LoadStart])         -> Status: the request's stored entries start loading on the I/O
 //                                              threads, a layer at a time (Cache-Craft §3.4.2, Algorithm 2: layer j
-//                                              once layer j − L_p − 1 is taken; vLLM: start_load_kv); LoadStart sets
-//                                              the request's own L_p and timeout, and hands over entry headers the
-//                                              caller already checked (entry_fits)
+//                                              once layer j − L_p − 1 is taken; vLLM: start_load_kv); LoadStart
+//                                              sets the request's own L_p, timeout and Algorithm 2's preload, and
+//                                              hands over entry headers the caller already checked (entry_fits)
 //   wait_for_layer(request, l)               -> LayerLoad: before layer l reads the request's KV — success and the
 //                                              bytes of layer l of each loaded chunk (the engine installs them and
 //                                              RoPE-shifts K by ChunkPlan::shift()), or the status of a failed or
@@ -236,7 +236,8 @@ class FusionConnector {
     r.taken = layer;
     work_.notify_all();
     if (r.streams.empty()) return {Status::success, {}};
-    const std::size_t until = l == 0 && r.preload ? static_cast<std::size_t>(std::min(r.depth, shape_.num_layers)) - 1 : l;
+    const std::size_t until =
+        l == 0 && r.preload ? static_cast<std::size_t>(std::min(r.depth, shape_.num_layers)) - 1 : l;
     const auto done = [&] { return r.ready[until] != 0 || r.failure != Status::success; };
     const auto blocked = std::chrono::steady_clock::now();
     if (r.timeout_ms > 0) {

@@ -93,15 +93,7 @@ class EntryLoader {
         c.source = KVSource::compute;
         continue;
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      std::optional<KVBlock> block = store_->get(c.key);
-      const bool usable =
-          block.has_value() &&
-          entry_fits({.num_tokens = block->num_tokens, .first_position = block->first_position, .bytes = block->bytes.size()},
-                     c, backend_->block_bytes(c.range.size()));
-      out.time.load_ms += ms_since(t0);
-      if (!usable) block = reject(c, tokens, out, prefix_broken);
-      if (block) install(c, *block, out);
+      (void)load_block(c, tokens, out, prefix_broken);
     }
     if (out.rejected_entries > 0) finish_plan(out.plan, method, shape_, exact_prefix);  // S_0 changes
   }
@@ -114,8 +106,9 @@ class EntryLoader {
                       const LoadConfig& config, FusionResult& out, Prefill&& prefill) {
     FusionPlan& plan = out.plan;
     std::vector<std::optional<KVBlockInfo>> described(plan.chunks.size());  // the entries read layer by layer
-    // Chunks installed whole (recomputed isolated caches): an aborted prefill overwrites their rows on the layers
-    // it computed (CacheBlend's and QueryAware's S_0 is every row), so they are installed again before it re-runs.
+    // Chunks installed whole (recomputed isolated caches, blocks the engine takes whole): an aborted prefill
+    // overwrites their rows on the layers it computed (CacheBlend's and QueryAware's S_0 is every row), so they are
+    // installed again before it re-runs.
     std::vector<std::pair<std::size_t, KVBlock>> whole;
     bool prefix_broken = false;
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
@@ -125,13 +118,18 @@ class EntryLoader {
         c.source = KVSource::compute;
         continue;
       }
+      const std::int64_t rows = c.range.size();
+      // The connector cuts a block into layers by the plan's shape; an engine whose block of these rows is not that
+      // (bytes not linear in the rows) takes it whole.
+      if (backend_->block_bytes(rows) != shape_.block_bytes(rows) ||
+          backend_->layer_bytes(rows) != shape_.layer_bytes(rows)) {
+        if (std::optional<KVBlock> block = load_block(c, tokens, out, prefix_broken))
+          whole.emplace_back(j, std::move(*block));
+        continue;
+      }
       const auto t0 = std::chrono::steady_clock::now();
       const std::optional<KVBlockInfo> info = store_->describe(c.key);
-      const std::int64_t rows = c.range.size();
-      // The connector cuts layers by the plan's shape: it must be the engine's for this block.
-      const bool usable = info.has_value() && entry_fits(*info, c, backend_->block_bytes(rows)) &&
-                          backend_->block_bytes(rows) == shape_.block_bytes(rows) &&
-                          backend_->layer_bytes(rows) == shape_.layer_bytes(rows);
+      const bool usable = info.has_value() && entry_fits(*info, c, backend_->block_bytes(rows));
       out.time.load_ms += ms_since(t0);
       if (usable) {
         described[j] = *info;
@@ -180,7 +178,8 @@ class EntryLoader {
   // whose reads failed (reasons in out.load.failures), when it had to stop.
   template <class Prefill>
   bool prefill_pipelined(const std::vector<std::optional<KVBlockInfo>>& described, const FusionMethod& method,
-                         const LoadConfig& config, FusionResult& out, Prefill& prefill, std::vector<std::size_t>& failed) {
+                         const LoadConfig& config, FusionResult& out, Prefill& prefill,
+                         std::vector<std::size_t>& failed) {
     using clock = std::chrono::steady_clock;
     const FusionPlan& plan = out.plan;
     FusionConnector<Store>& connector = reader_.connector;
@@ -257,6 +256,21 @@ class EntryLoader {
   // The chunks whose stored KV the plan loads: not computed, not inside the exact prefix.
   static bool loads(const ChunkPlan& c, std::int64_t exact_prefix) {
     return c.source != KVSource::compute && c.range.end > exact_prefix;
+  }
+
+  // One planned block whole: read, checked, installed; the block installed, if any (reject's on an unusable one).
+  std::optional<KVBlock> load_block(ChunkPlan& c, std::span<const token_id> tokens, FusionResult& out,
+                                    bool& prefix_broken) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::optional<KVBlock> block = store_->get(c.key);
+    const bool usable = block.has_value() &&
+                        entry_fits({.num_tokens = block->num_tokens, .first_position = block->first_position,
+                                    .bytes = block->bytes.size()},
+                                   c, backend_->block_bytes(c.range.size()));
+    out.time.load_ms += ms_since(t0);
+    if (!usable) block = reject(c, tokens, out, prefix_broken);
+    if (block) install(c, *block, out);
+    return block;
   }
 
   // The recover rules (the header comment) for a planned entry that is missing or unusable, or whose read failed:

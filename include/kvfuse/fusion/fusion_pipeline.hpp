@@ -135,23 +135,7 @@ class FusionPipeline {
   {
     check_prompt(tokens, layout, "FusionPipeline::record_context");
     std::lock_guard lock(mutex_);
-    const auto n = static_cast<std::int64_t>(tokens.size());
-    std::vector<LayerAttention> layers;
-    TokenSet all;
-    append_range(all, {0, n});
-    backend_->begin(tokens);
-    if constexpr (PerLayerFusionBackend<Backend>) {
-      const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
-        layers.push_back(*r.attention);
-        return r.selected;
-      };
-      (void)backend_->prefill(all, keep_all, StatisticsRequest{&layout});
-    } else {
-      const AttentionSink keep = [&layers](std::int64_t, LayerAttention a) { layers.push_back(std::move(a)); };
-      (void)backend_->prefill(all, layout, keep);
-    }
-
-    const detail::ChunkProfiles chunks = detail::VariantBook::profile(tokens, layout, layers);
+    const detail::ChunkProfiles chunks = detail::VariantBook::profile(*backend_, tokens, layout);
     std::uint64_t prefix = kHashSeed;
     for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
       const TokenRange r = layout.chunks[j].range;

@@ -35,7 +35,8 @@ class MeasuredLoad {
 
   // L_p into trace (depth, depth_from_measurement and eq. 16's estimates): `configured` when > 0 (at most L),
   // else eq. 16 on this plan's `layer_bytes` per layer and rows once a run was measured, else 1.
-  void choose_depth(const FusionPlan& plan, std::uint64_t layer_bytes, std::int64_t configured, LoadTrace& trace) const {
+  void choose_depth(const FusionPlan& plan, std::uint64_t layer_bytes, std::int64_t configured,
+                    LoadTrace& trace) const {
     trace.depth = configured > 0 ? std::min(configured, num_layers_) : 1;
     trace.depth_from_measurement = configured == 0 && valid_;
     if (!trace.depth_from_measurement) return;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvfuse/backend/concepts.hpp"
@@ -14,6 +15,7 @@
 #include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 #include "kvfuse/fusion/planner.hpp"
@@ -40,10 +42,26 @@ class VariantBook {
   // What plan_fusion may choose from.
   [[nodiscard]] VariantIndex index() const { return {&cache_, &first_positions_}; }
 
-  // The profile of every chunk of an earlier prompt from its full prefill's attention statistics, one
-  // LayerAttention per layer over groups = layout.
-  [[nodiscard]] static ChunkProfiles profile(std::span<const token_id> tokens, const PromptLayout& layout,
-                                             const std::vector<LayerAttention>& layers) {
+  // The profile of every chunk of an earlier prompt from the attention statistics (groups = layout) of its full
+  // prefill on `backend`, which keeps the prompt's KV.
+  template <class Backend>
+    requires PerLayerFusionBackend<Backend> || AttentionStatisticsBackend<Backend>
+  [[nodiscard]] static ChunkProfiles profile(Backend& backend, std::span<const token_id> tokens,
+                                             const PromptLayout& layout) {
+    std::vector<LayerAttention> layers;
+    TokenSet all;
+    append_range(all, {0, static_cast<std::int64_t>(tokens.size())});
+    backend.begin(tokens);
+    if constexpr (PerLayerFusionBackend<Backend>) {
+      const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
+        layers.push_back(*r.attention);
+        return r.selected;
+      };
+      (void)backend.prefill(all, keep_all, StatisticsRequest{&layout});
+    } else {
+      const AttentionSink keep = [&layers](std::int64_t, LayerAttention a) { layers.push_back(std::move(a)); };
+      (void)backend.prefill(all, layout, keep);
+    }
     // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
     // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.
     std::vector<std::uint64_t> ids;
