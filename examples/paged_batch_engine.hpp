@@ -62,7 +62,7 @@ class PagedBatchEngine {
   }
 
   // Plans the request, takes its pages and starts its loads; its id. Throws kvfuse::error for a bad prompt, a
-  // plan the connector refuses (a Cache-Craft variant) or too few free pages.
+  // plan the connector refuses or too few free pages.
   std::uint64_t admit(std::span<const kvfuse::token_id> tokens, const kvfuse::PromptLayout& layout,
                       kvfuse::FusionMethod method) {
     const std::uint64_t id = next_id_++;

@@ -7,18 +7,22 @@
 //                                              whether S_l changes per layer and the statistics its policy reads,
 //                                              the bytes to read (plan_fusion, fusion/planner.hpp)
 // Worker side, per request, called by the engine's forward pass for every request of a batch:
-//   start(plan, method)                      -> Status: the request's stored entries start loading on the I/O
+//   start(plan, method[, LoadStart])         -> Status: the request's stored entries start loading on the I/O
 //                                              threads, a layer at a time (Cache-Craft §3.4.2, Algorithm 2: layer j
-//                                              once layer j − L_p − 1 is taken; vLLM: start_load_kv)
+//                                              once layer j − L_p − 1 is taken; vLLM: start_load_kv); LoadStart
+//                                              sets the request's own L_p, timeout and Algorithm 2's preload, and
+//                                              hands over entry headers the caller already checked (entry_fits)
 //   wait_for_layer(request, l)               -> LayerLoad: before layer l reads the request's KV — success and the
 //                                              bytes of layer l of each loaded chunk (the engine installs them and
 //                                              RoPE-shifts K by ChunkPlan::shift()), or the status of a failed or
 //                                              timed-out read (vLLM: wait_for_layer_load)
 //   after_layer(request, report, next)       -> Status: S_{l+1} from the statistics the plan named (CacheBlend's
 //                                              gradual filtering, QueryAware, Cache-Craft's focus termination)
+//   failure(request)                         -> ReadFailure: after a failed read, why and which chunks
 //   recover(request)                         -> FusionPlan: after a failed read, the plan with the failed chunks
 //                                              computed instead; start it again (only this request's rows change)
-//   finish(request)                          -> the request's buffers freed (also on cancellation)
+//   finish(request)                          -> the request's buffers freed (also on cancellation);
+//   finish_and_wait(request)                    the same, returning once no I/O thread reads for it any more
 //   save(key, block[, tier])                 -> asynchronous put on the I/O threads (vLLM: save_kv_layer);
 //   finished_saves() / wait_for_saves()         completions since the last call / block until all are done
 //                                              (vLLM: get_finished / wait_for_save)
@@ -30,10 +34,16 @@
 // layers of a request at a time),
 // then saves. Requests are served in the order they started; a stalled read holds one thread, not the others.
 //
+// Cache-Craft variants: plan() never chooses one (the connector keeps no VariantCache), but a plan made by a caller
+// that keeps them (FusionPipeline, with plan_fusion's VariantIndex) loads its variant chunks like any other entry:
+// a variant is a stored block read layer by layer at its recorded positions, and one the cache evicted (and
+// erased) mid-request is a failed read like any other, computed instead.
+//
 // Thread safety: every member may be called from any thread; calls for one request come from one thread at a time
 // (the engine's step). The store must be safe for concurrent use (every kvfuse store is).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -74,6 +84,25 @@ struct ConnectorConfig {
   }
 };
 
+// Per-request settings of start; the defaults are the connector's.
+struct LoadStart {
+  std::int64_t preload_depth = 0;          // L_p of this request (eq. 16); 0: ConnectorConfig::preload_depth
+  std::optional<double> layer_timeout_ms;  // of this request (0: wait); none: ConnectorConfig::layer_timeout_ms
+  // Algorithm 2's preload: wait_for_layer(request, 0) returns once layers 0 .. L_p − 1 are read (a single-request
+  // driver starts computing behind L_p layers, as in Cache-Craft §3.4.2); false: once layer 0 is.
+  bool preload = false;
+  // The headers of the request's entries, described and checked by the caller (entry_fits), one per chunk it loads
+  // in plan order; empty: an I/O thread describes and checks them before it reads layer 0.
+  std::vector<KVBlockInfo> described;
+};
+
+// Whether a stored entry's header fits a planned chunk: its token count, the position its K was rotated at, and the
+// bytes of the engine's block of that many rows.
+[[nodiscard]] inline bool entry_fits(const KVBlockInfo& info, const ChunkPlan& c, std::uint64_t block_bytes) noexcept {
+  return info.num_tokens == c.range.size() && info.first_position == c.stored_first_position &&
+         info.bytes == block_bytes;
+}
+
 // Layer l of one loaded chunk: install `bytes` (StoredLayer layout of the engine) as rows `rows`, rotated at
 // stored_first_position + (0 .. rows.size() − 1), then shift K by rows.begin − stored_first_position.
 struct LayerPiece {
@@ -87,6 +116,15 @@ struct LayerLoad {
   Status status = Status::success;
   std::span<const LayerPiece> pieces;
   double waited_ms = 0.0;  // blocked for a layer still being read (load time the engine sees)
+  double read_ms = 0.0;    // the I/O thread's time reading layer l of the request's entries (store time)
+};
+
+// Why a request's read failed: the status wait_for_layer returned, the reason, and the plan's chunks whose entries
+// failed (recover computes them instead).
+struct ReadFailure {
+  Status status = Status::success;
+  std::string why;
+  std::vector<std::size_t> chunks;
 };
 
 struct SaveResult {
@@ -126,12 +164,19 @@ class FusionConnector {
     return plan_fusion(request, tokens, layout, method, shape_, *store_);
   }
 
-  // Registers the request of `plan` and starts reading its entries. invalid_argument (last_status_message names
-  // it) for a request already started or a plan of another shape; unsupported for a Cache-Craft plan, whose
-  // variants this connector does not keep.
-  Status start(const FusionPlan& plan, const FusionMethod& method) {
+  // Registers the request of `plan` and starts reading its entries (every chunk not computed, with bytes to read).
+  // invalid_argument (last_status_message names it) for a request already started, a plan of another shape or
+  // settings that do not fit it.
+  Status start(const FusionPlan& plan, const FusionMethod& method, LoadStart settings = {}) {
     auto r = std::make_shared<Request>();
     r->plan = plan;
+    r->depth = settings.preload_depth > 0 ? settings.preload_depth : config_.preload_depth;
+    r->timeout_ms = settings.layer_timeout_ms.value_or(config_.layer_timeout_ms);
+    r->preload = settings.preload;
+    if (settings.preload_depth < 0 || !(r->timeout_ms >= 0.0))
+      return refuse(Status::invalid_argument, "FusionConnector::start: request %llu: L_p = %lld, timeout %g ms",
+                    static_cast<unsigned long long>(plan.request_id), static_cast<long long>(settings.preload_depth),
+                    r->timeout_ms);
     try {
       r->schedule = layer_schedule(plan, method, shape_.num_layers);
     } catch (const error& e) {
@@ -144,16 +189,21 @@ class FusionConnector {
                     method_name(method).c_str());
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
       const ChunkPlan& c = plan.chunks[j];
-      if (c.source == KVSource::variant)
-        return refuse(Status::unsupported, "FusionConnector::start: request %llu plans a Cache-Craft variant",
-                      static_cast<unsigned long long>(plan.request_id));
       if (c.source == KVSource::compute || c.bytes == 0) continue;
       r->streams.push_back(j);
       r->layer_bytes += shape_.layer_bytes(c.range.size());
     }
+    if (!settings.described.empty()) {
+      if (settings.described.size() != r->streams.size())
+        return refuse(Status::invalid_argument, "FusionConnector::start: request %llu: %zu headers for %zu entries",
+                      static_cast<unsigned long long>(plan.request_id), settings.described.size(), r->streams.size());
+      r->infos = std::move(settings.described);
+      r->described = true;
+    }
     const auto layers = static_cast<std::size_t>(shape_.num_layers);
     r->layers.resize(layers);
     r->ready.assign(layers, 0);
+    r->read_ms.assign(layers, 0.0);
     r->pieces.resize(r->streams.size());
     {
       std::lock_guard lock(mutex_);
@@ -186,25 +236,35 @@ class FusionConnector {
     r.taken = layer;
     work_.notify_all();
     if (r.streams.empty()) return {Status::success, {}};
-    const auto done = [&] { return r.ready[l] != 0 || r.failure != Status::success; };
+    const std::size_t until =
+        l == 0 && r.preload ? static_cast<std::size_t>(std::min(r.depth, shape_.num_layers)) - 1 : l;
+    const auto done = [&] { return r.ready[until] != 0 || r.failure != Status::success; };
     const auto blocked = std::chrono::steady_clock::now();
-    if (config_.layer_timeout_ms > 0) {
-      const auto limit = std::chrono::duration<double, std::milli>(config_.layer_timeout_ms);
+    if (r.timeout_ms > 0) {
+      const auto limit = std::chrono::duration<double, std::milli>(r.timeout_ms);
       if (!work_done_.wait_for(lock, limit, done)) {
-        r.failure = Status::store_unavailable;  // which entry stalls is not known: every one is computed instead
-        r.why = fmt::format("layer {} did not arrive within {} ms", layer, config_.layer_timeout_ms);
-        r.failed_streams.resize(r.streams.size());
-        for (std::size_t s = 0; s < r.streams.size(); ++s) r.failed_streams[s] = s;
+        r.failure = Status::store_unavailable;
+        r.why = fmt::format("layer {} did not arrive within {} ms", until, r.timeout_ms);
+        if (r.reading) {  // the entry whose read stalls is computed instead
+          r.failed_streams = {r.stream.load()};
+        } else {  // no thread got to the request yet: which entry stalls is not known, every one is computed
+          r.failed_streams.resize(r.streams.size());
+          for (std::size_t s = 0; s < r.streams.size(); ++s) r.failed_streams[s] = s;
+        }
       }
     } else {
       work_done_.wait(lock, done);
     }
     const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - blocked).count();
-    if (r.failure != Status::success)
-      return {refuse(r.failure, "FusionConnector: request %llu: %s", static_cast<unsigned long long>(request),
-                     r.why.c_str()),
+    if (r.failure != Status::success) {
+      std::string rows;
+      for (std::size_t s : r.failed_streams)
+        rows += fmt::format("{}{}", rows.empty() ? "" : ", ", r.plan.chunks[r.streams[s]].range);
+      return {refuse(r.failure, "FusionConnector: request %llu, rows %s: %s", static_cast<unsigned long long>(request),
+                     rows.c_str(), r.why.c_str()),
               {},
               waited};
+    }
     std::size_t offset = 0;
     for (std::size_t s = 0; s < r.streams.size(); ++s) {
       const ChunkPlan& c = r.plan.chunks[r.streams[s]];
@@ -212,7 +272,7 @@ class FusionConnector {
       r.pieces[s] = {c.range, c.stored_first_position, std::span<const std::byte>(r.layers[l]).subspan(offset, bytes)};
       offset += bytes;
     }
-    return {Status::success, r.pieces, waited};
+    return {Status::success, r.pieces, waited, r.read_ms[l]};
   }
 
   // After layer report.layer: S_{l+1} into `next` (empty: S_l kept) by the plan's per-layer policy.
@@ -230,6 +290,17 @@ class FusionConnector {
                     static_cast<unsigned long long>(request), static_cast<long long>(report.layer), e.what());
     }
     return Status::success;
+  }
+
+  // After a failed read (a wait_for_layer that did not succeed): why, and the chunks whose reads failed.
+  [[nodiscard]] ReadFailure failure(std::uint64_t request) const {
+    std::lock_guard lock(mutex_);
+    const auto it = requests_.find(request);
+    detail::require(it != requests_.end(), "FusionConnector::failure: request {} has not started", request);
+    const Request& r = *it->second;
+    ReadFailure out{r.failure, r.why, {}};
+    for (std::size_t s : r.failed_streams) out.chunks.push_back(r.streams[s]);
+    return out;
   }
 
   // After a failed read: the request's plan with every chunk whose read failed computed instead (S_0 anew). The
@@ -263,6 +334,20 @@ class FusionConnector {
     std::erase(order_, request);
   }
 
+  // finish(request), returning once no I/O thread reads for the request any more: a stalled read holds its thread
+  // until the store gives up (its own timeout bounds it), and a caller that retries at once would otherwise count
+  // that stall against the retry's own layer timeout.
+  void finish_and_wait(std::uint64_t request) {
+    std::unique_lock lock(mutex_);
+    const auto it = requests_.find(request);
+    if (it == requests_.end()) return;
+    const std::shared_ptr<Request> r = it->second;
+    r->cancelled = true;
+    requests_.erase(it);
+    std::erase(order_, request);
+    work_done_.wait(lock, [&] { return !r->reading; });
+  }
+
   // Asynchronous put on the I/O threads; `tier` where the store takes one (TieredKVStore: that tier and slower).
   void save(KVKey key, KVBlock block, std::size_t tier = 0) {
     {
@@ -291,13 +376,19 @@ class FusionConnector {
     LayerSchedule schedule;
     std::vector<std::size_t> streams;           // chunks loaded, in plan order
     std::vector<KVBlockInfo> infos;             // their entries, described before layer 0 is read
+    bool described = false;                     // infos came with start (LoadStart::described)
+    std::int64_t depth = 1;                     // L_p
+    double timeout_ms = 0.0;                    // of a layer the engine waits for; 0: none
+    bool preload = false;                       // layer 0 waits for layers 0 .. L_p − 1
     std::size_t layer_bytes = 0;                // of every stream, per layer
     std::vector<std::vector<std::byte>> layers;  // [layer] every stream's bytes, in stream order
     std::vector<std::uint8_t> ready;            // [layer] read
+    std::vector<double> read_ms;                // [layer] the I/O thread's time reading it
     std::vector<LayerPiece> pieces;
     std::int64_t next_read = 0;                 // next layer to read
     std::int64_t taken = -1;                    // highest layer the engine waited for
     bool reading = false;                       // an I/O thread is reading a layer of it
+    std::atomic<std::size_t> stream{0};         // the stream it reads (the one that stalls, on a timeout)
     bool cancelled = false;
     Status failure = Status::success;
     std::string why;
@@ -322,7 +413,7 @@ class FusionConnector {
       const std::shared_ptr<Request>& r = requests_.at(id);
       if (r->reading || r->streams.empty() || r->failure != Status::success || r->next_read >= shape_.num_layers)
         continue;
-      if (r->next_read <= r->taken + config_.preload_depth) return r;
+      if (r->next_read <= r->taken + r->depth) return r;
     }
     return nullptr;
   }
@@ -360,21 +451,22 @@ class FusionConnector {
 
   // Layer l of every stream of r into its buffer; a failure is recorded in r (under the lock).
   void read_layer(Request& r, std::int64_t l) {
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::byte> buffer(r.layer_bytes);
     Status status = Status::success;
     std::string why;
     std::size_t s = 0;  // the stream being read (the failed one, on a failure)
     try {
-      if (l == 0) r.infos.clear();
+      if (l == 0 && !r.described) r.infos.clear();
       std::size_t offset = 0;
       for (; s < r.streams.size(); ++s) {
+        r.stream = s;
         const ChunkPlan& c = r.plan.chunks[r.streams[s]];
-        if (l == 0) {  // the entry's header first: a missing or foreign entry fails before any layer is read
+        if (l == 0 && !r.described) {  // the entry's header first: a missing or foreign entry fails before any layer
           std::optional<KVBlockInfo> info = store_->describe(c.key);
-          if (!info || info->num_tokens != c.range.size() || info->first_position != c.stored_first_position ||
-              info->bytes != shape_.block_bytes(c.range.size())) {
+          if (!info || !entry_fits(*info, c, shape_.block_bytes(c.range.size()))) {
             status = Status::corrupt_entry;
-            why = fmt::format("the entry of rows {} is missing or does not fit ({})", c.range,
+            why = fmt::format("the entry is missing or does not fit ({})",
                               info ? fmt::format("{} tokens at {}, {} bytes", info->num_tokens, info->first_position,
                                                  info->bytes)
                                    : std::string("absent"));
@@ -386,7 +478,7 @@ class FusionConnector {
         if (!store_->get_into(c.key, r.infos[s], static_cast<std::uint64_t>(l) * bytes,
                               std::span<std::byte>(buffer).subspan(offset, bytes))) {
           status = Status::corrupt_entry;
-          why = fmt::format("layer {} of the entry of rows {} is missing, changed or corrupt", l, c.range);
+          why = fmt::format("layer {} of the entry is missing, changed or corrupt", l);
           break;
         }
         offset += bytes;
@@ -407,6 +499,8 @@ class FusionConnector {
       return;
     }
     r.layers[static_cast<std::size_t>(l)] = std::move(buffer);
+    r.read_ms[static_cast<std::size_t>(l)] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 
   SaveResult put(Save s) {

@@ -1,0 +1,113 @@
+#pragma once
+// FusionPipeline's Cache-Craft variants (fusion/fusion_pipeline.hpp): the VariantCache (Cache-Craft §3.3) and where
+// each variant's KV was rotated, which plan_fusion reads (VariantIndex) and record_context fills. The cache holds
+// metadata only; the KV is in the pipeline's store, under variant_key(model, chunk, ids of its stored prefix).
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvfuse/backend/concepts.hpp"
+#include "kvfuse/cache/variant_cache.hpp"
+#include "kvfuse/core/keys.hpp"
+#include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/types.hpp"
+#include "kvfuse/fusion/fusion_backend.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/layer_protocol.hpp"
+#include "kvfuse/fusion/planner.hpp"
+#include "kvfuse/select/cci_scorer.hpp"
+
+namespace kvfuse::detail {
+
+// What record_context learns from an earlier prompt's statistics: per chunk, its Cache-Craft profile and whether it
+// becomes a variant.
+struct ChunkProfiles {
+  std::vector<ChunkProfile> profiles;  // CCIScorer's (eq. 3-11, 14), one per layout chunk
+  std::vector<bool> variant;           // false: an empty chunk or a repeat of an earlier one
+};
+
+// The first position of a variant's KV is guarded by the caller's lock (FusionPipeline's); the cache is
+// synchronized itself.
+class VariantBook {
+ public:
+  explicit VariantBook(VariantCacheConfig config) : cache_(config) {}
+
+  [[nodiscard]] VariantCache& cache() noexcept { return cache_; }
+  [[nodiscard]] const VariantCache& cache() const noexcept { return cache_; }
+
+  // What plan_fusion may choose from.
+  [[nodiscard]] VariantIndex index() const { return {&cache_, &first_positions_}; }
+
+  // The profile of every chunk of an earlier prompt from the attention statistics (groups = layout) of its full
+  // prefill on `backend`, which keeps the prompt's KV.
+  template <class Backend>
+    requires PerLayerFusionBackend<Backend> || AttentionStatisticsBackend<Backend>
+  [[nodiscard]] static ChunkProfiles profile(Backend& backend, std::span<const token_id> tokens,
+                                             const PromptLayout& layout) {
+    std::vector<LayerAttention> layers;
+    TokenSet all;
+    append_range(all, {0, static_cast<std::int64_t>(tokens.size())});
+    backend.begin(tokens);
+    if constexpr (PerLayerFusionBackend<Backend>) {
+      const SelectionPolicy keep_all = [&layers](const LayerReport& r) {
+        layers.push_back(*r.attention);
+        return r.selected;
+      };
+      (void)backend.prefill(all, keep_all, StatisticsRequest{&layout});
+    } else {
+      const AttentionSink keep = [&layers](std::int64_t, LayerAttention a) { layers.push_back(std::move(a)); };
+      (void)backend.prefill(all, layout, keep);
+    }
+    // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
+    // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.
+    std::vector<std::uint64_t> ids;
+    ChunkProfiles out;
+    out.variant.assign(layout.chunks.size(), false);
+    for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
+      const std::uint64_t id = chunk_content_id(slice(tokens, layout.chunks[j].range));
+      out.variant[j] = !layout.chunks[j].range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end();
+      ids.push_back(out.variant[j] ? id : mix64(id ^ (0x5bd1e995ull * (j + 1))));
+    }
+    out.profiles = CCIScorer().profile(chunk_attention(ids, layout, layers));
+    return out;
+  }
+
+  // Admits a variant whose KV (under `kv`, rotated at first_position) the caller puts next. The KV of the variants
+  // it evicts is erased from `store`; this book is updated first, so a store that throws leaves it consistent.
+  template <KVStore Store>
+  void admit(const ChunkProfile& profile, const KVKey& kv, std::int64_t first_position, Store& store) {
+    const VariantInsertResult inserted = cache_.insert(profile, kv);
+    for (const VariantEntry& gone : inserted.evicted) first_positions_.erase(gone.kv.content);
+    first_positions_[kv.content] = first_position;
+    for (const VariantEntry& gone : inserted.evicted) store.erase(gone.kv);
+  }
+
+  // Drops the variants whose KV `store` no longer holds. Returns the number dropped.
+  template <KVStore Store>
+  std::int64_t drop_stale(Store& store) {
+    std::int64_t dropped = 0;
+    for (const VariantEntry& v : cache_.entries()) {
+      if (store.contains(v.kv)) continue;
+      cache_.erase(v.id);
+      first_positions_.erase(v.kv.content);
+      ++dropped;
+    }
+    return dropped;
+  }
+
+  // A run uses its planned variants: f_r += 1/CFO (Cache-Craft §3.3).
+  void record_uses(const FusionPlan& plan) {
+    for (const ChunkPlan& c : plan.chunks)
+      if (c.source == KVSource::variant) cache_.record_use(c.variant_id, c.cfo);
+  }
+
+ private:
+  VariantCache cache_;
+  std::unordered_map<std::uint64_t, std::int64_t> first_positions_;  // variant key content -> first position
+};
+
+}  // namespace kvfuse::detail
