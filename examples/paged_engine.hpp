@@ -71,7 +71,7 @@ class PagedEngine {
   // Stored KV for rows r: decode the block into the rows' page slots (in vLLM, the connector's start_load_kv
   // into the request's blocks). K stays rotated at the block's positions until shift_rows moves it.
   void load_rows(kvfuse::TokenRange r, const kvfuse::KVBlock& block) {
-    kvfuse::detail::require(block.bytes.size() == block_bytes(r.size()),
+    kvfuse::require(block.bytes.size() == block_bytes(r.size()),
                             "PagedEngine::load_rows: the block for rows {} holds {} bytes, expected {}", r,
                             block.bytes.size(), block_bytes(r.size()));
     const float* in = reinterpret_cast<const float*>(block.bytes.data());

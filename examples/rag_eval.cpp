@@ -239,7 +239,7 @@ bool reads_context(const kvfuse::FusionMethod& m) {
 // `text` up to its first byte that is not valid UTF-8: a cut through a SentencePiece byte-fallback
 // sequence leaves a partial character at the end.
 std::string valid_utf8_prefix(std::string text) {
-  text.resize(kvfuse::detail::utf8_invalid_offset(text));
+  text.resize(kvfuse::utf8_invalid_offset(text));
   return text;
 }
 
@@ -553,7 +553,7 @@ int main(int argc, char** argv) try {
         const std::int64_t computed = pipeline.store_chunk_caches(prompt.tokens, layout);
         chunk_caches_computed += computed;
         if (uses_context) pipeline.record_context(prompt.warm_tokens, prompt.warm_layout);
-        const double q_offline = kvfuse::detail::ms_since(t0);
+        const double q_offline = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         offline_ms += q_offline;
 
         nlohmann::json qj{{"index", o.start + static_cast<std::int64_t>(qi)}, {"tokens", n},

@@ -296,29 +296,38 @@ using Pipeline = FusionPipeline<CpuLlamaFusion, Tiered>;
 
 // ---- the Redis server -------------------------------------------------------------------------------------------
 
-detail::RedisContextPtr redis_connect(int port, int timeout_ms) {
+struct RedisReplyFree {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using RedisReplyPtr = std::unique_ptr<redisReply, RedisReplyFree>;
+struct RedisContextFree {
+  void operator()(redisContext* c) const noexcept { redisFree(c); }
+};
+using RedisContextPtr = std::unique_ptr<redisContext, RedisContextFree>;
+
+RedisContextPtr redis_connect(int port, int timeout_ms) {
   const timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  detail::RedisContextPtr c(redisConnectWithTimeout("127.0.0.1", port, tv));
+  RedisContextPtr c(redisConnectWithTimeout("127.0.0.1", port, tv));
   if (c == nullptr || c->err != 0) return nullptr;
   redisSetTimeout(c.get(), tv);
   return c;
 }
 
-detail::RedisReplyPtr redis_command(redisContext* c, const std::vector<std::string>& args) {
+RedisReplyPtr redis_command(redisContext* c, const std::vector<std::string>& args) {
   std::vector<const char*> argv;
   std::vector<std::size_t> lengths;
   for (const std::string& a : args) {
     argv.push_back(a.data());
     lengths.push_back(a.size());
   }
-  return detail::RedisReplyPtr(static_cast<redisReply*>(
+  return RedisReplyPtr(static_cast<redisReply*>(
       redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lengths.data())));
 }
 
 bool redis_pings(int port) {
-  const detail::RedisContextPtr c = redis_connect(port, 200);
+  const RedisContextPtr c = redis_connect(port, 200);
   if (c == nullptr) return false;
-  const detail::RedisReplyPtr r = redis_command(c.get(), {"PING"});
+  const RedisReplyPtr r = redis_command(c.get(), {"PING"});
   return r != nullptr && r->type == REDIS_REPLY_STATUS && std::string_view(r->str, r->len) == "PONG";
 }
 
@@ -362,9 +371,9 @@ class RedisProcess {
 
   // Keys the server held (DBSIZE), -1 when it does not answer.
   [[nodiscard]] long long dbsize() const {
-    const detail::RedisContextPtr c = redis_connect(port_, 1000);
+    const RedisContextPtr c = redis_connect(port_, 1000);
     if (c == nullptr) return -1;
-    const detail::RedisReplyPtr r = redis_command(c.get(), {"DBSIZE"});
+    const RedisReplyPtr r = redis_command(c.get(), {"DBSIZE"});
     return r != nullptr && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
   }
 
@@ -747,16 +756,16 @@ class FaultInjector {
   }
 
   std::string damage_redis(const std::string& kind) {
-    const detail::RedisContextPtr c = redis_connect(redis_.port(), 2000);
+    const RedisContextPtr c = redis_connect(redis_.port(), 2000);
     if (c == nullptr) return "skipped: no connection";
-    const detail::RedisReplyPtr keys = redis_command(c.get(), {"KEYS", "kvfuse:*"});
+    const RedisReplyPtr keys = redis_command(c.get(), {"KEYS", "kvfuse:*"});
     if (keys == nullptr || keys->type != REDIS_REPLY_ARRAY || keys->elements == 0) return "skipped: no key";
     const auto pick = [&] {
       const redisReply& k = *keys->element[rng_() % keys->elements];
       return std::string(k.str, k.len);
     };
     const std::string key = pick();
-    const detail::RedisReplyPtr value = redis_command(c.get(), {"GET", key});
+    const RedisReplyPtr value = redis_command(c.get(), {"GET", key});
     if (value == nullptr || value->type != REDIS_REPLY_STRING) return "skipped: value gone";
     std::string v(value->str, value->len);
     std::string how;
@@ -771,12 +780,12 @@ class FaultInjector {
       std::string other = pick();
       for (int i = 0; i < 8 && other == key; ++i) other = pick();
       if (other == key) return "skipped: one key only";
-      const detail::RedisReplyPtr ov = redis_command(c.get(), {"GET", other});
+      const RedisReplyPtr ov = redis_command(c.get(), {"GET", other});
       if (ov == nullptr || ov->type != REDIS_REPLY_STRING) return "skipped: value gone";
       v.assign(ov->str, ov->len);
       how = fmt::format("value of {}", other);
     }
-    const detail::RedisReplyPtr set = redis_command(c.get(), {"SET", key, v});
+    const RedisReplyPtr set = redis_command(c.get(), {"SET", key, v});
     if (set == nullptr || set->type != REDIS_REPLY_STATUS) return "skipped: SET failed";
     return fmt::format("{}: {}", key, how);
   }

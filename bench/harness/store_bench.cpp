@@ -126,7 +126,7 @@ Args parse_args(int argc, char** argv) {
   require(a.questions >= 1 && a.passages >= 1 && a.repeats >= 1 && a.iterations >= 1,
           "--questions {}, --passages {}, --repeats {}, --iterations {}: each must be >= 1", a.questions, a.passages,
           a.repeats, a.iterations);
-  kvfuse::detail::require_finite_nonneg(a.link_mbps, "--link-mbps");
+  require(std::isfinite(a.link_mbps) && a.link_mbps >= 0, "--link-mbps = {} must be finite and >= 0", a.link_mbps);
 #ifndef KVFUSE_BENCH_REDIS
   require(a.redis.empty(), "--redis: this build has no kvfuse::redis (hiredis; KVFUSE_REDIS=ON)");
 #endif

@@ -46,7 +46,7 @@
 
 namespace {
 
-using kvfuse::detail::require;
+using kvfuse::require;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =

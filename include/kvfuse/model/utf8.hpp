@@ -11,7 +11,7 @@
 
 #include "kvfuse/core/error.hpp"
 
-namespace kvfuse::detail {
+namespace kvfuse {
 
 // Offset of the first byte that is not part of valid UTF-8 (RFC 3629: no overlong forms, no surrogates,
 // nothing above U+10FFFF), or text.size() when all of it is valid.
@@ -47,6 +47,13 @@ namespace kvfuse::detail {
   }
   return n;
 }
+
+}  // namespace kvfuse
+
+namespace kvfuse::detail {
+
+using kvfuse::utf8_invalid_offset;
+
 
 // Throws kvfuse::error naming `what`, the offset and the byte when `text` is not valid UTF-8.
 inline void require_utf8(std::string_view text, std::string_view what) {
