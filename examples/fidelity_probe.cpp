@@ -1,0 +1,309 @@
+// kvfuse-fidelity-probe: why recomputing a subset of tokens can be worse than recomputing none (docs/fidelity.md).
+// On fixed MuSiQue prompts it builds the naive-reuse KV by hand (each chunk prefilled alone at position 0, K
+// RoPE-shifted to its prompt position) and runs CpuLlama::partial_prefill with selection rules the fusion
+// methods do not offer, so that each candidate cause can be switched on and off alone:
+//
+//   full          every row on every layer over the merged KV: must equal full prefill exactly (bug check)
+//   naive         the query rows only
+//   hkvd@r        CacheBlend's HKVDSelector (check layers 1-3, margins 0.10 / 0.05 / 0, ranked by V deviation)
+//   hkvd+s@r      the same with the first s tokens of every chunk not at position 0 always kept (inside r)
+//   hkvd-s@r      the same with those tokens ranked last (their stale, sink-like KV kept unless r reaches them)
+//   random@r      the same schedule, the kept tokens drawn uniformly at random (seeded)
+//   starts@s      the first s tokens of every chunk not at position 0, on every layer (AttnLink-s, Epic §4.2)
+//   chunks@r      whole chunks, last first, up to r of the reusable tokens, on every layer (no fresh/stale mix
+//                 inside a chunk)
+//   depth@m       every row on layers 0 .. m-1, the query only after (how far fresh layers alone go)
+//
+// Per method: teacher-forced KL(full ‖ method) over full prefill's greedy answer (mean and per answer token), the
+// first token's KL, the computed share of full prefill's row-layers and, per layer, the squared V deviation from
+// full prefill of the rows it recomputed (after, and as loaded) and of the query rows; per question the per-layer KV deviation of the naive merge against full prefill, split into
+// each chunk's first token and its other tokens. Writes one JSON object to stdout.
+//
+//   kvfuse-fidelity-probe --data musique_dev.json [--model smollm2|gemma3|qwen2|GGUF] [--start 0] [--limit 2]
+//                         [--max-passages 5] [--max-passage-tokens 0] [--answer-tokens 32]
+//                         [--methods naive,hkvd@0.15,...] [--check-layers 1,2,3] [--threads 0]
+// --check-layers sets the hkvd / random check layers; the margins are 0.05 per later check (0.10, 0.05, 0 for three).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvfuse/cpu.hpp"
+#include "kvfuse/eval/metrics.hpp"
+
+#include "musique.hpp"
+
+namespace {
+
+constexpr std::string_view kSystem = "You are a helpful assistant. Answer the question using the documents, in a few words.";
+
+struct Probe {
+  std::string kind;  // full, naive, hkvd, hkvd+s, random, starts, chunks, depth
+  double value = 0;  // r, s or m
+  std::int64_t starts = 0;
+};
+
+Probe parse_probe(const std::string& name) {
+  Probe p;
+  const auto at = name.find('@');
+  p.kind = name.substr(0, at);
+  if (at != std::string::npos) p.value = kvfuse_example::parse_real("--methods", name.substr(at + 1));
+  if (p.kind.starts_with("hkvd+") || p.kind.starts_with("hkvd-")) {
+    p.starts = kvfuse_example::parse_int("--methods", p.kind.substr(5));
+    p.kind = p.kind.substr(0, 5) + "s";
+  }
+  kvfuse::require(p.kind == "full" || p.kind == "naive" || p.kind == "hkvd" || p.kind == "hkvd+s" ||
+                      p.kind == "hkvd-s" ||
+                      p.kind == "random" || p.kind == "starts" || p.kind == "chunks" || p.kind == "depth",
+                  "--methods: unknown probe '{}'", name);
+  return p;
+}
+
+// The first `s` rows of every cached chunk that does not start at position 0.
+kvfuse::TokenSet chunk_starts(const kvfuse::PromptLayout& layout, std::int64_t s) {
+  kvfuse::TokenSet rows;
+  for (const kvfuse::PromptChunk& c : layout.chunks)
+    if (c.cached && c.range.begin > 0)
+      for (std::int64_t t = c.range.begin; t < std::min(c.range.end, c.range.begin + s); ++t) rows.push_back(t);
+  return rows;
+}
+
+kvfuse::TokenSet with_query(kvfuse::TokenSet rows, const kvfuse::PromptLayout& layout) {
+  kvfuse::append_range(rows, layout.query);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string data, model_name = "smollm2", methods = "full,naive,hkvd@0.15,hkvd+1@0.15,random@0.15,starts@1";
+  std::vector<int> check_layers{1, 2, 3};
+  std::int64_t start = 0, limit = 2, max_passages = 5, max_passage_tokens = 0, answer_tokens = 32, threads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string_view flag = argv[i], v = argv[i + 1];
+    if (flag == "--data") data = v;
+    else if (flag == "--model") model_name = v;
+    else if (flag == "--methods") methods = v;
+    else if (flag == "--start") start = kvfuse_example::parse_int(flag, v);
+    else if (flag == "--limit") limit = kvfuse_example::parse_int(flag, v);
+    else if (flag == "--max-passages") max_passages = kvfuse_example::parse_int(flag, v);
+    else if (flag == "--max-passage-tokens") max_passage_tokens = kvfuse_example::parse_int(flag, v);
+    else if (flag == "--answer-tokens") answer_tokens = kvfuse_example::parse_int(flag, v);
+    else if (flag == "--threads") threads = kvfuse_example::parse_int(flag, v);
+    else if (flag == "--check-layers") {
+      check_layers.clear();
+      for (const std::string& l : kvfuse_example::split(v))
+        check_layers.push_back(static_cast<int>(kvfuse_example::parse_int(flag, l)));
+    }
+    else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
+  }
+  kvfuse::require(!data.empty(), "--data FILE is required");
+  const std::string path = kvfuse_example::resolve_model(model_name);
+  const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(path);
+  const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
+  kvfuse::CpuLlamaOptions options;
+  options.threads = static_cast<int>(threads);
+  const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, options);
+  const std::int64_t L = model.config().n_layer;
+  const std::vector<std::string> names = kvfuse_example::split(methods);
+
+  nlohmann::json out;
+  out["model"] = std::filesystem::path(path).filename().string();
+  out["passages"] = max_passages;
+  out["max_passage_tokens"] = max_passage_tokens;
+  std::map<std::string, std::vector<double>> kl_sum;  // per method: [answer KL, first KL, recomputed]
+  for (const kvfuse_example::Question& q : kvfuse_example::load_questions(data, start, limit, max_passages)) {
+    std::vector<std::string> passages;
+    for (const std::string& p : q.passages) {
+      if (max_passage_tokens == 0) {
+        passages.push_back(p);
+        continue;
+      }
+      auto ids = tok.encode(p, false);
+      ids.resize(std::min<std::size_t>(ids.size(), static_cast<std::size_t>(max_passage_tokens)));
+      std::string text = tok.decode(ids, false);
+      text.resize(kvfuse::detail::utf8_invalid_offset(text));
+      passages.push_back(text);
+    }
+    const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
+    const kvfuse::PromptLayout layout = prompt.layout();
+    const std::span<const kvfuse::token_id> tokens = prompt.tokens;
+    const auto n = static_cast<std::int64_t>(tokens.size());
+
+    // Reference: full prefill, its greedy answer and its distributions over that answer.
+    const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
+    kvfuse::LlamaKVCache kv = full.kv;
+    const std::vector<kvfuse::token_id> answer = model.greedy_decode(kv, full.logits, answer_tokens, tok.eos());
+    kv = full.kv;
+    const std::vector<std::vector<float>> reference = model.forced_logits(kv, full.logits, answer);
+
+    // The naive merge: every chunk alone at position 0, K rotated to its prompt position; the query rows are
+    // placeholders (every method computes them).
+    kvfuse::LlamaKVCache merged;
+    for (const kvfuse::PromptChunk& c : layout.chunks) {
+      kvfuse::LlamaKVCache chunk = model.prefill_chunk(tokens.subspan(static_cast<std::size_t>(c.range.begin),
+                                                                      static_cast<std::size_t>(c.range.size())),
+                                                       0);
+      model.rope_shift(chunk, {0, chunk.num_rows()}, c.range.begin);
+      merged.append(chunk);
+    }
+    merged.append(model.prefill_chunk(tokens.subspan(static_cast<std::size_t>(layout.query.begin)), layout.query.begin));
+
+    // Per layer: mean squared V / K deviation of the naive merge from full prefill, chunk-first tokens vs the rest.
+    nlohmann::json deviation = nlohmann::json::array();
+    const kvfuse::TokenSet firsts = chunk_starts(layout, 1);
+    const std::int64_t dim = model.config().kv_dim();
+    for (std::int64_t l = 0; l < L; ++l) {
+      double v_first = 0, v_rest = 0, k_first = 0, k_rest = 0;
+      std::int64_t n_first = 0, n_rest = 0;
+      for (const kvfuse::PromptChunk& c : layout.chunks) {
+        if (c.range.begin == 0) continue;
+        for (std::int64_t t = c.range.begin; t < c.range.end; ++t) {
+          double dv = 0, dk = 0;
+          for (std::int64_t i = 0; i < dim; ++i) {
+            dv += std::pow(merged.v_row(l, t)[i] - full.kv.v_row(l, t)[i], 2);
+            dk += std::pow(merged.k_row(l, t)[i] - full.kv.k_row(l, t)[i], 2);
+          }
+          (t == c.range.begin ? v_first : v_rest) += dv;
+          (t == c.range.begin ? k_first : k_rest) += dk;
+          ++(t == c.range.begin ? n_first : n_rest);
+        }
+      }
+      deviation.push_back({{"layer", l}, {"v_first", v_first / n_first}, {"v_rest", v_rest / n_rest},
+                           {"k_first", k_first / n_first}, {"k_rest", k_rest / n_rest}});
+    }
+
+    nlohmann::json qj{{"question", q.question}, {"tokens", n}, {"answer", tok.decode(answer, false)},
+                      {"naive_kv_deviation", deviation}};
+    std::int64_t reusable = 0;
+    for (const kvfuse::PromptChunk& c : layout.chunks)
+      if (c.range.begin > 0) reusable += c.range.size();
+    for (const std::string& name : names) {
+      const Probe p = parse_probe(name);
+      kvfuse::TokenSet initial;
+      kvfuse::SelectionPolicy policy;
+      std::int64_t computed = 0;  // rows computed over all layers, reported by the policy
+      kvfuse::HKVDConfig hk;
+      hk.recompute_ratio = p.value;
+      hk.check_layers = check_layers;
+      hk.ratio_margins.assign(check_layers.size(), 0.0);
+      for (std::size_t i = 0; i + 1 < check_layers.size(); ++i)
+        hk.ratio_margins[i] = std::min(0.05 * static_cast<double>(check_layers.size() - 1 - i), 1.0 - p.value);
+      if (p.kind == "full" || p.kind == "hkvd" || p.kind == "hkvd+s" || p.kind == "hkvd-s" ||
+          p.kind == "random") {
+        kvfuse::append_range(initial, {0, n});
+      } else if (p.kind == "naive") {
+        initial = with_query({}, layout);
+      } else if (p.kind == "starts") {
+        initial = with_query(chunk_starts(layout, static_cast<std::int64_t>(p.value)), layout);
+      } else if (p.kind == "chunks") {
+        kvfuse::TokenSet rows;
+        std::int64_t budget = kvfuse::detail::keep_count(p.value, reusable);
+        for (auto c = layout.chunks.rbegin(); c != layout.chunks.rend() && budget > 0; ++c) {
+          if (c->range.begin == 0) continue;
+          kvfuse::append_range(rows, c->range);
+          budget -= c->range.size();
+        }
+        initial = with_query(rows, layout);
+      } else if (p.kind == "depth") {
+        kvfuse::append_range(initial, {0, n});
+        const kvfuse::TokenSet query = with_query({}, layout);
+        const auto m = static_cast<std::int64_t>(p.value);
+        policy = [m, query](const kvfuse::LayerReport& r) { return r.layer + 1 >= m ? query : r.selected; };
+      }
+      if (p.kind == "hkvd" || p.kind == "hkvd+s" || p.kind == "hkvd-s" || p.kind == "random") {
+        auto selector = std::make_shared<kvfuse::HKVDSelector>(hk, layout, static_cast<int>(L));
+        const kvfuse::TokenSet forced = chunk_starts(layout, p.starts);
+        auto rng = std::make_shared<std::mt19937_64>(12345);
+        const bool random = p.kind == "random";
+        const float forced_score = p.kind == "hkvd-s" ? 0.0f : 1e30f;
+        policy = [selector, forced, rng, random, forced_score](const kvfuse::LayerReport& r) {
+          if (!selector->is_check_layer(static_cast<int>(r.layer))) return r.selected;
+          std::vector<float> score(r.v_deviation.begin(), r.v_deviation.end());
+          if (random) {
+            std::uniform_real_distribution<float> u(0.0f, 1.0f);
+            for (float& s : score) s = u(*rng);
+          }
+          // hkvd+s: the chunk starts rank above every other row (scores are >= 0) and take the first places of
+          // the budget; hkvd-s: they rank last (kept stale unless the budget reaches them).
+          for (std::size_t i = 0; i < r.selected.size(); ++i)
+            if (std::binary_search(forced.begin(), forced.end(), r.selected[i])) score[i] = forced_score;
+          return selector->select(static_cast<int>(r.layer), r.selected, score);
+        };
+      }
+      std::vector<kvfuse::TokenSet> per_layer;
+      kvfuse::LlamaKVCache work = merged;
+      const kvfuse::SelectionPolicy counting = [&](const kvfuse::LayerReport& r) {
+        per_layer.push_back(r.selected);
+        return policy ? policy(r) : r.selected;
+      };
+      const kvfuse::PartialPrefillResult res = model.partial_prefill(tokens, work, initial, counting);
+      for (const kvfuse::TokenSet& c : per_layer) computed += static_cast<std::int64_t>(c.size());
+      // Per layer, squared V deviation from full prefill: of the recomputed chunk rows after recomputation
+      // ("fresh") and as loaded ("stale"), and of the query rows.
+      nlohmann::json layers = nlohmann::json::array();
+      const auto v_dev = [&](const kvfuse::LlamaKVCache& rows, std::int64_t l, std::int64_t t) {
+        double d = 0;
+        for (std::int64_t i = 0; i < dim; ++i) d += std::pow(rows.v_row(l, t)[i] - full.kv.v_row(l, t)[i], 2);
+        return d;
+      };
+      for (std::int64_t l = 0; l < L; ++l) {
+        double fresh = 0, stale = 0, query = 0;
+        std::int64_t count = 0;
+        for (std::int64_t t : per_layer[static_cast<std::size_t>(l)]) {
+          if (layout.query.contains(t)) {
+            query += v_dev(work, l, t) / static_cast<double>(layout.query.size());
+          } else if (t >= layout.chunks.front().range.end) {
+            fresh += v_dev(work, l, t);
+            stale += v_dev(merged, l, t);
+            ++count;
+          }
+        }
+        layers.push_back({{"rows", count}, {"fresh", count ? fresh / count : 0.0}, {"stale", count ? stale / count : 0.0},
+                          {"query", query}});
+      }
+      const std::vector<std::vector<float>> forced = model.forced_logits(work, res.logits, answer);
+      const kvfuse::eval::TeacherForced tf = kvfuse::eval::teacher_forced(reference, forced);
+      const double first = kvfuse::eval::kl_divergence(full.logits, res.logits);
+      // Rows computed over all layers relative to full prefill's n · L.
+      const double recomputed = static_cast<double>(computed) / static_cast<double>(n * L);
+      std::vector<double> per_token;
+      for (std::size_t i = 0; i < forced.size(); ++i) per_token.push_back(kvfuse::eval::kl_divergence(reference[i], forced[i]));
+      qj["methods"][name] = {{"kl_answer_mean", tf.kl_mean}, {"kl_per_answer_token", per_token}, {"top1", tf.top1_agreement}, {"kl_first_token", first},
+                             {"compute_fraction", recomputed}, {"v_deviation_per_layer", layers},
+                             {"max_abs_logit_diff_vs_full",
+                              [&] {
+                                double d = 0;
+                                for (std::size_t i = 0; i < res.logits.size(); ++i)
+                                  d = std::max<double>(d, std::fabs(res.logits[i] - full.logits[i]));
+                                return d;
+                              }()}};
+      auto& s = kl_sum[name];
+      s.resize(3);
+      s[0] += tf.kl_mean;
+      s[1] += first;
+      s[2] += recomputed;
+      fmt::print(stderr, "{:>14}  KL answer {:.4f}  first {:.4f}  compute {:.3f}\n", name, tf.kl_mean, first,
+                 recomputed);
+    }
+    out["per_question"].push_back(qj);
+    fmt::print(stderr, "-- question done ({} tokens)\n", n);
+  }
+  for (const auto& [name, s] : kl_sum)
+    out["means"][name] = {{"kl_answer_mean", s[0] / limit}, {"kl_first_token", s[1] / limit},
+                          {"compute_fraction", s[2] / limit}};
+  fmt::print("{}\n", out.dump(1));
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "kvfuse-fidelity-probe: {}\n", e.what());
+  return 2;
+}
