@@ -448,9 +448,12 @@ int main(int argc, char** argv) try {
           for (const kvfuse::CalibrationPoint& p : c->points)
             points.push_back({{"method", p.method}, {"recompute_fraction", p.measure.recompute_fraction},
                               {"kl_answer_mean", p.measure.kl_answer_mean}, {"top1_answer_agreement", p.measure.top1_agreement},
-                              {"within_budget", p.within_budget}});
+                              {"admitted", p.admitted}});
           calibration[name] = {{"chosen", c->chosen ? nlohmann::json(*c->chosen) : nlohmann::json()},
-                               {"cached", cached}, {"points", points}};
+                               {"cached", cached}, {"points", points},
+                               {"naive", {{"recompute_fraction", c->naive.recompute_fraction},
+                                          {"kl_answer_mean", c->naive.kl_answer_mean},
+                                          {"top1_answer_agreement", c->naive.top1_agreement}}}};
           if (c->chosen) {
             fmt::print(stderr, "calibration: {} -> {}{}\n", name, *c->chosen, cached ? " (cached)" : "");
             if (std::find(kept.begin(), kept.end(), *c->chosen) == kept.end() &&

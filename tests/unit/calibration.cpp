@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -22,13 +23,15 @@ using kvfuse_test::error_of;
 
 namespace {
 
-// A stand-in measurement for the policy tests: KL falls as the setting's index in the family grows.
+// A stand-in measurement for the policy tests: naive reuse's KL, then one KL per setting, cheapest first.
 struct ScriptedEvaluate {
   std::vector<double> kl;  // per setting, cheapest first
   std::vector<std::string> asked;
+  double naive_kl = 1.0;
   CalibrationMeasure operator()(const FusionMethod& m) {
-    const std::size_t i = asked.size();
     asked.push_back(method_name(m));
+    if (std::holds_alternative<NaiveReuse>(m)) return {0.0, naive_kl, 0.5};
+    const std::size_t i = asked.size() - 2;  // after naive reuse
     return {0.1 * static_cast<double>(i + 1), kl.at(i), kl.at(i) < 0.05 ? 1.0 : 0.8};
   }
 };
@@ -38,13 +41,14 @@ struct ScriptedEvaluate {
 TEST_CASE("calibrate: the cheapest setting within budget, measured cheapest first, stopping there") {
   ScriptedEvaluate e{{0.9, 0.3, 0.04, 0.01}, {}};
   const Calibration c = calibrate(7, "cacheblend", CalibrationBudget{0.05, 0.95}, e);
-  CHECK(e.asked == std::vector<std::string>{"cacheblend@0.05", "cacheblend@0.1", "cacheblend"});
+  CHECK(e.asked == std::vector<std::string>{"naive", "cacheblend@0.05", "cacheblend@0.1", "cacheblend"});
+  CHECK(c.naive.kl_answer_mean == 1.0);
   REQUIRE(c.chosen);
   CHECK(*c.chosen == "cacheblend");
   CHECK(method_name(c.method()) == "cacheblend");
   REQUIRE(c.points.size() == 3);
-  CHECK(!c.points[0].within_budget);
-  CHECK(c.points[2].within_budget);
+  CHECK(!c.points[0].admitted);
+  CHECK(c.points[2].admitted);
   CHECK(c.points[2].measure.kl_answer_mean == 0.04);
   // Every family's settings parse and are listed cheapest first (their knob grows).
   for (const char* family : {"cacheblend", "queryaware", "attnlink", "cachecraft"}) {
@@ -53,6 +57,23 @@ TEST_CASE("calibrate: the cheapest setting within budget, measured cheapest firs
     CHECK(s.size() >= 4);
     for (const std::string& name : s) CHECK(method_name(parse_method(name)) == name);
   }
+}
+
+TEST_CASE("calibrate never admits a setting worse than naive reuse, even within budget") {
+  // Naive reuse at KL 0.02: the settings at 0.04 and 0.03 are within the 0.05 budget but lose to doing nothing.
+  ScriptedEvaluate e{{0.04, 0.03, 0.02, 0.01}, {}, 0.02};
+  const Calibration c = calibrate(7, "attnlink", CalibrationBudget{0.05, 0.95}, e);
+  REQUIRE(c.chosen);
+  CHECK(*c.chosen == "attnlink");  // the third setting, KL 0.02 == naive's
+  REQUIRE(c.points.size() == 3);
+  CHECK(!c.points[0].admitted);
+  CHECK(!c.points[1].admitted);
+  CHECK(c.naive.kl_answer_mean == 0.02);
+  // Every setting worse than naive: refused, and the error says naive reuse was the bar.
+  ScriptedEvaluate worse{{0.04, 0.04, 0.04, 0.04, 0.04}, {}, 0.001};
+  const Calibration r = calibrate(7, "attnlink", CalibrationBudget{0.05, 0.95}, worse);
+  CHECK(!r.chosen);
+  CHECK(error_of([&] { (void)r.method(); }).find("no worse than naive reuse (KL 0.0010") != std::string::npos);
 }
 
 TEST_CASE("calibrate refuses a method no setting of which is within budget, naming what it measured") {
@@ -68,8 +89,9 @@ TEST_CASE("calibrate refuses a method no setting of which is within budget, nami
         std::string::npos);
   CHECK(error_of([&] { (void)calibrate(1, "cacheblend", CalibrationBudget{-1.0, 0.9}, e); })
             .find("max_kl_answer = -1") != std::string::npos);
-  const auto nan_kl = [](const FusionMethod&) {
-    return CalibrationMeasure{0.2, std::numeric_limits<double>::quiet_NaN(), 1.0};
+  const auto nan_kl = [](const FusionMethod& m) {
+    const bool naive = std::holds_alternative<NaiveReuse>(m);
+    return CalibrationMeasure{0.2, naive ? 0.1 : std::numeric_limits<double>::quiet_NaN(), 1.0};
   };
   CHECK(error_of([&] { (void)calibrate(1, "attnlink", CalibrationBudget{}, nan_kl); }).find("attnlink@1 measured KL nan") !=
         std::string::npos);
@@ -134,8 +156,10 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
     CHECK(back.points[i].method == c.points[i].method);
     CHECK(back.points[i].measure.kl_answer_mean == c.points[i].measure.kl_answer_mean);  // exact round trip
     CHECK(back.points[i].measure.recompute_fraction == c.points[i].measure.recompute_fraction);
-    CHECK(back.points[i].within_budget == c.points[i].within_budget);
+    CHECK(back.points[i].admitted == c.points[i].admitted);
   }
+  CHECK(back.naive.kl_answer_mean == c.naive.kl_answer_mean);
+  CHECK(back.naive.top1_agreement == c.naive.top1_agreement);
   CHECK(error_of([&] { (void)eval::load_calibration(path, 0x9999, "attnlink", budget, 99); })
             .find("calibrated for another model") != std::string::npos);
   CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "cacheblend", budget, 99); })
@@ -158,7 +182,13 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
   bad.replace(bad.find("point attnlink@1 "), 17, "point attnlink@1 x");
   rewrite(bad);
   const std::string why = error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); });
-  CHECK(why.find("line 6") != std::string::npos);
+  CHECK(why.find("line 7") != std::string::npos);
+  // A file without naive reuse's record (version 1 had none) is refused.
+  std::string no_naive = text;
+  no_naive.erase(no_naive.find("naive "), no_naive.find('\n', no_naive.find("naive ")) - no_naive.find("naive ") + 1);
+  rewrite(no_naive);
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); })
+            .find("no naive record") != std::string::npos);
   CHECK(why.find(path.string()) != std::string::npos);
   rewrite("garbage\n");
   CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); })

@@ -4,9 +4,10 @@
 // prefill's greedy answer, recompute fraction), and calibration files cache a Calibration per model
 // fingerprint, family, budget and sample set, so a model is calibrated once.
 //
-// File format (text, one record per line): "kvfuse-calibration 1", then "fingerprint <hex>", "family <name>",
-// "budget <max KL> <min top-1>", "samples <hex>", one "point <method> <recomputed> <KL> <top-1> <0|1>" per
-// setting measured, and "chosen <method>" or "refused". A file that does not parse is an error naming the
+// File format (text, one record per line): "kvfuse-calibration 2", then "fingerprint <hex>", "family <name>",
+// "budget <max KL> <min top-1>", "samples <hex>", "naive <recomputed> <KL> <top-1>" (naive reuse, which every
+// setting must not lose to), one "point <method> <recomputed> <KL> <top-1> <admitted 0|1>" per setting measured,
+// and "chosen <method>" or "refused". Version 1 files (no naive record) are refused like any other foreign file. A file that does not parse is an error naming the
 // file, the line and the value.
 
 #include <cstdint>
@@ -111,12 +112,13 @@ class TeacherForcedEvaluator {
 
 // Writes atomically (a temporary file renamed over `path`).
 inline void save_calibration(const std::filesystem::path& path, const Calibration& c, std::uint64_t samples_hash) {
-  std::string s = fmt::format("kvfuse-calibration 1\nfingerprint {:016x}\nfamily {}\nbudget {} {}\nsamples {:016x}\n",
-                              c.model_fingerprint, c.family, c.budget.max_kl_answer, c.budget.min_top1_agreement,
-                              samples_hash);
+  std::string s = fmt::format(
+      "kvfuse-calibration 2\nfingerprint {:016x}\nfamily {}\nbudget {} {}\nsamples {:016x}\nnaive {} {} {}\n",
+      c.model_fingerprint, c.family, c.budget.max_kl_answer, c.budget.min_top1_agreement, samples_hash,
+      c.naive.recompute_fraction, c.naive.kl_answer_mean, c.naive.top1_agreement);
   for (const CalibrationPoint& p : c.points)
     s += fmt::format("point {} {} {} {} {}\n", p.method, p.measure.recompute_fraction, p.measure.kl_answer_mean,
-                     p.measure.top1_agreement, p.within_budget ? 1 : 0);
+                     p.measure.top1_agreement, p.admitted ? 1 : 0);
   s += c.chosen ? fmt::format("chosen {}\n", *c.chosen) : std::string("refused\n");
   std::filesystem::create_directories(path.parent_path());
   const std::filesystem::path tmp = path.string() + ".tmp";
@@ -142,6 +144,7 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
   std::string line;
   int number = 0;
   bool ended = false;
+  bool has_naive = false;
   const auto fail = [&](std::string_view what) {
     throw error(fmt::format("load_calibration: {} line {}: {} ('{}')", path.string(), number, what, line));
   };
@@ -163,7 +166,7 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
     words >> tag;
     if (ended) fail("text after the end record");
     if (number == 1) {
-      if (line != "kvfuse-calibration 1") fail("not a kvfuse calibration file of version 1");
+      if (line != "kvfuse-calibration 2") fail("not a kvfuse calibration file of version 2");
       continue;
     }
     std::string a, b;
@@ -179,6 +182,10 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
                          budget.min_top1_agreement));
     } else if (tag == "samples" && words >> a) {
       if (hex(a) != samples_hash) fail("calibrated on other sample prompts");
+    } else if (tag == "naive") {
+      if (!(words >> c.naive.recompute_fraction >> c.naive.kl_answer_mean >> c.naive.top1_agreement))
+        fail("naive needs <recomputed> <KL> <top-1>");
+      has_naive = true;
     } else if (tag == "point") {
       CalibrationPoint p;
       int within = -1;
@@ -186,7 +193,7 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
             p.measure.top1_agreement >> within) ||
           (within != 0 && within != 1))
         fail("a point needs <method> <recomputed> <KL> <top-1> <0|1>");
-      p.within_budget = within == 1;
+      p.admitted = within == 1;
       c.points.push_back(std::move(p));
     } else if (tag == "chosen" && words >> a) {
       c.chosen = a;
@@ -200,7 +207,7 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
   }
   if (number == 0) fail("empty file");
   if (!ended) fail("no chosen / refused record (truncated file?)");
-  if (c.family.empty() || c.points.empty()) fail("no family or no points");
+  if (c.family.empty() || c.points.empty() || !has_naive) fail("no family, no naive record or no points");
   c.budget.validate();
   if (c.chosen) (void)parse_method(*c.chosen);
   return c;
