@@ -28,8 +28,10 @@
 // without a setting in --methods (cacheblend, attnlink, cachecraft, queryaware): the cheapest setting whose
 // teacher-forced KL over full prefill's answer stays within --calibration-kl with top-1 agreement at least
 // --calibration-top1, measured on the last --calibration-questions questions of --data (which the evaluated
-// questions must not include). A family with no such setting is refused for the model and not run. Results are
-// cached per model fingerprint in <kvfuse cache>/calibration; results.json records them under "calibration".
+// questions must not include), and no worse than naive reuse there. A family with no such setting is refused for the
+// model and not run. `auto` in --methods (with --calibrated) calibrates every family this engine runs and runs the
+// admitted setting that recomputes least (results.json: "auto"). Results are cached per model fingerprint in
+// <kvfuse cache>/calibration; results.json records them under "calibration".
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
@@ -212,6 +214,10 @@ Options parse(int argc, char** argv) {
   std::erase(o.methods, std::string("full"));
   o.methods.insert(o.methods.begin(), "full");
   for (const std::string& m : o.methods) {  // refuse bad names, and methods the engine cannot run, before any work
+    if (m == "auto") {
+      kvfuse::require(o.calibrated, "--methods: 'auto' is the calibration gate's choice and needs --calibrated");
+      continue;
+    }
     const kvfuse::FusionMethod method = kvfuse::parse_method(m);
     const auto* craft = std::get_if<kvfuse::CacheCraft>(&method);
     const bool per_layer = std::holds_alternative<kvfuse::CacheBlend>(method) ||
@@ -422,12 +428,22 @@ int main(int argc, char** argv) try {
         }
         kvfuse::eval::TeacherForcedEvaluator evaluator(*model, calibration_pipeline, samples, o.max_new_tokens, tok.eos());
         const fs::path dir = kvfuse_example::cache_dir() / "calibration";
-        std::vector<std::string> kept;
+        const std::vector<std::string> families = {"cacheblend", "attnlink", "cachecraft", "queryaware"};
+        const bool want_auto = std::find(o.methods.begin(), o.methods.end(), "auto") != o.methods.end();
+        std::vector<std::string> kept, to_calibrate;
         for (const std::string& name : o.methods) {
-          if (name != "cacheblend" && name != "attnlink" && name != "cachecraft" && name != "queryaware") {
-            kept.push_back(name);
-            continue;
-          }
+          if (std::find(families.begin(), families.end(), name) != families.end()) to_calibrate.push_back(name);
+          else if (name != "auto") kept.push_back(name);
+        }
+        if (want_auto)  // every family, the named ones first
+          for (const std::string& f : families)
+            if (std::find(to_calibrate.begin(), to_calibrate.end(), f) == to_calibrate.end()) to_calibrate.push_back(f);
+        std::vector<kvfuse::Calibration> calibrations;
+        const auto run_chosen = [&](const std::string& chosen) {
+          if (std::find(kept.begin(), kept.end(), chosen) == kept.end()) kept.push_back(chosen);
+        };
+        for (const std::string& name : to_calibrate) {
+          const bool named = std::find(o.methods.begin(), o.methods.end(), name) != o.methods.end();
           const fs::path path = kvfuse::eval::calibration_file(dir, engine.model_fingerprint(), name,
                                                                o.calibration_budget, evaluator.samples_hash());
           std::optional<kvfuse::Calibration> c;
@@ -456,9 +472,7 @@ int main(int argc, char** argv) try {
                                           {"top1_answer_agreement", c->naive.top1_agreement}}}};
           if (c->chosen) {
             fmt::print(stderr, "calibration: {} -> {}{}\n", name, *c->chosen, cached ? " (cached)" : "");
-            if (std::find(kept.begin(), kept.end(), *c->chosen) == kept.end() &&
-                std::find(o.methods.begin(), o.methods.end(), *c->chosen) == o.methods.end())
-              kept.push_back(*c->chosen);
+            if (named) run_chosen(*c->chosen);
           } else {
             try {
               (void)c->method();
@@ -466,6 +480,13 @@ int main(int argc, char** argv) try {
               fmt::print(stderr, "calibration: {}; not run\n", e.what());
             }
           }
+          calibrations.push_back(std::move(*c));
+        }
+        if (want_auto) {
+          const std::optional<std::string> choice = kvfuse::cheapest_admitted(calibrations);
+          calibration["auto"] = choice ? nlohmann::json(*choice) : nlohmann::json();
+          fmt::print(stderr, "calibration: auto -> {}\n", choice ? *choice : "every family refused: not run");
+          if (choice) run_chosen(*choice);
         }
         o.methods = kept;
       }

@@ -12,9 +12,10 @@
 // --store: memory (default); a directory: memory over a DiskKVStore there; a Redis URI: memory over Redis, shared
 //   by every server on it. New chunk caches are written through to every tier.
 // --method: each request's fusion method unless the request names one (the extension field kvfuse.method). auto
-//   (default): the setting of CacheBlend the per-model correctness gate chose for this model (kvfuse-rag-eval
-//   --calibrated caches it under <kvfuse cache>/calibration, default budget); CacheBlend's r = 15 % when no
-//   calibration is cached; full prefill when the gate refused CacheBlend for the model. cachecraft, prefix and
+//   (default): of the CacheBlend, AttnLink and QueryAware settings the per-model correctness gate admitted for this
+//   model (kvfuse-rag-eval --calibrated caches them under <kvfuse cache>/calibration, default budget), the one
+//   that recomputes least; CacheBlend's r = 15 % when no calibration is cached; full prefill when the gate refused
+//   every family it measured. cachecraft, prefix and
 //   cacheblend@auto are refused: the batched connector keeps no Cache-Craft variants, the server stores chunk
 //   caches only (no prefix entries), and CacheBlend's loading controller runs in FusionPipeline only.
 // --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "kvfuse/backend/cpu/batch_engine.hpp"
@@ -92,8 +94,8 @@ constexpr std::string_view kUsage =
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
     "                     [--max-running 16] [--max-body-bytes 4194304] [--max-tokens-default 256]\n"
     "                     [--memory-bytes 2147483648]\n"
-    "--method auto: the CacheBlend setting the calibration gate chose for the model (kvfuse-rag-eval --calibrated),\n"
-    "  cacheblend (r = 15 %) when none is cached, full when the gate refused CacheBlend. docs/server.md.\n";
+    "--method auto: the cheapest setting the calibration gate admitted for the model (kvfuse-rag-eval --calibrated),\n"
+    "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -150,50 +152,59 @@ kvfuse::FusionMethod server_method(std::string_view text) {
   return m;
 }
 
-// --method auto: the per-model correctness gate's choice for CacheBlend (fusion/calibration.hpp), read from the
-// calibrations kvfuse-rag-eval --calibrated cached for this model at the default budget, newest first.
+// --method auto: the per-model correctness gate's choice (fusion/calibration.hpp) among the families this server
+// runs (CacheBlend, AttnLink, QueryAware): per family the newest calibration kvfuse-rag-eval --calibrated cached
+// for this model at the default budget, then the admitted setting that recomputes least (cheapest_admitted).
 kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string& why) {
   const fs::path dir = kvfuse_example::cache_dir() / "calibration";
-  const std::string prefix = fmt::format("{:016x}-cacheblend-", fingerprint);
-  std::vector<fs::path> files;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.starts_with(prefix) && name.ends_with(".calibration")) files.push_back(entry.path());
-  }
-  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-    std::error_code e1, e2;
-    return fs::last_write_time(a, e1) > fs::last_write_time(b, e2);
-  });
-  for (const fs::path& path : files) {
-    std::ifstream in(path);
-    std::string line;
-    std::uint64_t samples = 0;
-    bool found = false;
-    while (std::getline(in, line)) {
-      if (!line.starts_with("samples ")) continue;
+  std::vector<kvfuse::Calibration> calibrations;
+  std::vector<std::string> read;
+  for (const std::string family : {"cacheblend", "attnlink", "queryaware"}) {
+    const std::string prefix = fmt::format("{:016x}-{}-", fingerprint, family);
+    std::vector<fs::path> files;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with(prefix) && name.ends_with(".calibration")) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+      std::error_code e1, e2;
+      return fs::last_write_time(a, e1) > fs::last_write_time(b, e2);
+    });
+    for (const fs::path& path : files) {
+      std::ifstream in(path);
+      std::string line;
+      std::optional<std::uint64_t> samples;
+      while (std::getline(in, line)) {
+        if (!line.starts_with("samples ")) continue;
+        try {
+          samples = std::stoull(line.substr(8), nullptr, 16);
+        } catch (const std::exception&) {
+        }
+        break;
+      }
+      if (!samples) continue;
       try {
-        samples = std::stoull(line.substr(8), nullptr, 16);
-        found = true;
-      } catch (const std::exception&) {
+        calibrations.push_back(
+            kvfuse::eval::load_calibration(path, fingerprint, family, kvfuse::CalibrationBudget{}, *samples));
+        read.push_back(path.string());
+        break;
+      } catch (const kvfuse::error&) {  // another budget, an older version, or unreadable: the next file
       }
-      break;
-    }
-    if (!found) continue;
-    try {
-      const kvfuse::Calibration c =
-          kvfuse::eval::load_calibration(path, fingerprint, "cacheblend", kvfuse::CalibrationBudget{}, samples);
-      if (!c.chosen) {
-        why = fmt::format("the calibration gate refused CacheBlend for this model ({}): full prefill", path.string());
-        return kvfuse::FullRecompute{};
-      }
-      why = fmt::format("calibrated ({})", path.string());
-      return server_method(*c.chosen);
-    } catch (const kvfuse::error&) {  // another budget, or unreadable: the next file
     }
   }
-  why = "no calibration cached for this model (kvfuse-rag-eval --calibrated): CacheBlend's default r = 15 %";
-  return kvfuse::parse_method("cacheblend");
+  if (calibrations.empty()) {
+    why = "no calibration cached for this model (kvfuse-rag-eval --calibrated): CacheBlend's default r = 15 %";
+    return kvfuse::parse_method("cacheblend");
+  }
+  const std::optional<std::string> choice = kvfuse::cheapest_admitted(calibrations);
+  if (!choice) {
+    why = fmt::format("the calibration gate refused every family it measured for this model ({}): full prefill",
+                      fmt::join(read, ", "));
+    return kvfuse::FullRecompute{};
+  }
+  why = fmt::format("calibrated ({})", fmt::join(read, ", "));
+  return server_method(*choice);
 }
 
 // One request's events, from the engine thread to the handler thread that waits for them.

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -134,6 +135,22 @@ template <class Evaluate>
     }
   }
   return c;
+}
+
+// `auto`: across the families calibrated for one model at one budget, the admitted setting that recomputes least
+// (the chosen point's recompute fraction on the sample prompts); nullopt when every family was refused.
+[[nodiscard]] inline std::optional<std::string> cheapest_admitted(std::span<const Calibration> calibrations) {
+  std::optional<std::string> best;
+  double best_fraction = 0.0;
+  for (const Calibration& c : calibrations) {
+    if (!c.chosen) continue;
+    const double fraction = c.points.back().measure.recompute_fraction;  // the last point is the chosen one
+    if (!best || fraction < best_fraction) {
+      best = c.chosen;
+      best_fraction = fraction;
+    }
+  }
+  return best;
 }
 
 }  // namespace kvfuse
