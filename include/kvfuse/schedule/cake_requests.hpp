@@ -101,9 +101,11 @@ class CakeRequests {
   [[nodiscard]] std::int64_t wanted(std::uint64_t id) {
     std::lock_guard lock(mutex_);
     State& s = *states_.at(id);
-    TokenRange grid;  // the loader's own chunk; the scheduler sizes this one
-    if (s.race.decide_compute(since(), s.fetch_start, grid) != detail::CakeRace::Decision::start) return 0;
-    return s.race.compute_end() - s.race.computed();
+    TokenRange chunk;  // the loader's own chunk, cut where the sides are predicted to meet; else the scheduler sizes it
+    if (s.race.decide_compute(since(), s.fetch_start, chunk) != detail::CakeRace::Decision::start) return 0;
+    const std::int64_t c = s.race.computed();
+    const bool cut = chunk.end < grid_chunk(c, s.race.compute_end(), loader_.config().compute_chunk).end;
+    return (cut ? chunk.end : s.race.compute_end()) - c;
   }
 
   // The range request `id`'s compute side computes in an allocation of `tokens`: from its front, up to where
