@@ -174,13 +174,14 @@ class CakeSpeedMeter {
 
   // Every compute step and every fetch that landed (abandoned and failed ones say nothing about the link).
   void observe(const LoaderTrace& trace) {
-    for (const LoaderStep& s : trace.steps) {
-      if (s.source == KVSource::compute) {
-        compute_.observe(s.tokens.size(), s.end_s - s.start_s);
-      } else if (s.used) {
-        fetch_.observe(s.tokens.size(), s.end_s - s.start_s);
-      }
-    }
+    for (const LoaderStep& s : trace.steps)
+      if (s.source == KVSource::compute) compute_.observe(s.tokens.size(), s.end_s - s.start_s);
+    observe_fetches(trace);
+  }
+  // The fetches only: where the trace's compute steps shared their time with other work (an engine's steps).
+  void observe_fetches(const LoaderTrace& trace) {
+    for (const LoaderStep& s : trace.steps)
+      if (s.source == KVSource::prefix && s.used) fetch_.observe(s.tokens.size(), s.end_s - s.start_s);
   }
 
   [[nodiscard]] CakeSpeeds speeds() const {
