@@ -7,8 +7,8 @@
 // (equal up to float rounding).
 //
 // Chunk sizes and the adaptive mode's estimate come from speeds kept for this engine and link (CakeSpeedMeter):
-// the compute side's fixed cost per forward pass and cost per token, timed once at start on passes of 32 and 256
-// rows, the link's latency and cost per token from its nominal speed; every run's chunks and fetches then update
+// the compute side's fixed cost per forward pass and cost per token, timed once at start on passes of 16, 64 and
+// 256 rows, the link's latency and cost per token from its nominal speed; every run's chunks and fetches then update
 // them. For each prompt choose_chunk_sizes picks the compute and fetch chunks for its stored prefix (one chunk at
 // most 2 % of the ideal TTFT, its fixed cost at most 10 % of its time); --compute-chunk / --fetch-chunk override.
 //
@@ -132,9 +132,9 @@ kvfuse::LoaderTrace run_once(const kvfuse::CpuLlama& model, Store& store, const 
   return t;
 }
 
-// The engine's and link's speeds before any request: a fixed cost per forward pass and a cost per token, from a
-// warm-up pass and then passes of 256 and 32 rows at the front of `tokens`, timed; the link's from its nominal
-// latency and bandwidth.
+// The engine's and link's speeds before any request: the compute side's fixed cost per forward pass and cost per
+// token, the least-squares line through passes of 16, 64 and 256 rows at the front of `tokens` (after a warm-up,
+// the faster of two passes each: a busy machine only adds time); the link's from its nominal latency and bandwidth.
 kvfuse::CakeSpeedMeter calibrate(const kvfuse::CpuLlama& model, const std::vector<kvfuse::token_id>& tokens,
                                  const kvfuse::LinkConfig& link) {
   const auto timed = [&](std::int64_t rows) {
@@ -143,17 +143,24 @@ kvfuse::CakeSpeedMeter calibrate(const kvfuse::CpuLlama& model, const std::vecto
     session.compute_kv({0, rows});
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  const std::int64_t large = std::min<std::int64_t>(256, static_cast<std::int64_t>(tokens.size()));
-  const std::int64_t small = std::min<std::int64_t>(32, large);
-  (void)timed(small);  // warm-up
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  (void)timed(std::min<std::int64_t>(16, n));  // warm-up
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, points = 0;
+  for (const std::int64_t rows : {std::int64_t{16}, std::int64_t{64}, std::int64_t{256}}) {
+    const std::int64_t r = std::min(rows, n);
+    const auto x = static_cast<double>(r);
+    const double y = std::min(timed(r), timed(r));
+    sx += x, sy += y, sxx += x * x, sxy += x * y, points += 1;
+  }
+  // seconds = a + b·rows: b = cov(x, y) / var(x), a = mean y - b · mean x (a >= 0).
+  const double var = sxx / points - (sx / points) * (sx / points);
+  const double slope = var > 0 ? (sxy / points - sx / points * sy / points) / var : 0.0;
+  const double per_token = slope > 0 ? slope : sy / sx;
+  const double fixed = std::max(0.0, sy / points - per_token * sx / points);
   const double token_bytes =
       static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
   const double fetch_token_s = link.megabytes_per_s > 0 ? token_bytes / (link.megabytes_per_s * 1e6) : 0.0;
-  const double large_s = timed(large);
-  kvfuse::CakeSpeedMeter meter({0.0, large_s / static_cast<double>(large), link.latency_ms / 1e3, fetch_token_s});
-  meter.compute().observe(large, large_s);
-  meter.compute().observe(small, timed(small));
-  return meter;
+  return kvfuse::CakeSpeedMeter({fixed, per_token, link.latency_ms / 1e3, fetch_token_s});
 }
 
 // The chunks for a stored prefix of `prefix` tokens: chosen from the speeds, unless given on the command line.

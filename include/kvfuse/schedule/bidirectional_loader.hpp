@@ -90,8 +90,11 @@ struct LoaderEstimate {
   double compute_a_s = 0;   // compute chunk i takes compute_a_s + compute_b_s·i seconds
   double compute_b_s = 0;
   double fetch_chunk_s = 0;  // one fetch chunk, latency included
+  double compute_call_s = 0; // the part of a chunk's time any compute call costs, whatever its size (a cut chunk
+                             // costs this plus its token fraction of the rest)
 
   void validate() const {
+    detail::require_finite_nonneg(compute_call_s, "LoaderEstimate: compute_call_s");
     detail::require_finite_nonneg(compute_a_s, "LoaderEstimate: compute_a_s");
     detail::require_finite_nonneg(compute_b_s, "LoaderEstimate: compute_b_s");
     detail::require_finite_nonneg(fetch_chunk_s, "LoaderEstimate: fetch_chunk_s");
@@ -191,9 +194,11 @@ class CakeRace {
   void compute_done(TokenRange r, double start, double end) {
     trace_.steps.push_back({r, KVSource::compute, start, end, true});
     const double d = end - start;
-    if (d > 0 && r.size() > 0) {
-      observed_compute_ = Observation{r.begin / cfg_.compute_chunk, d * static_cast<double>(cfg_.compute_chunk) /
-                                                                        static_cast<double>(r.size())};
+    if (d > 0 && r.size() > 0) {  // as a whole chunk: the call's fixed cost once, the rest scaled by its tokens
+      const double call = std::min(d, est_.compute_call_s);
+      observed_compute_ = Observation{r.begin / cfg_.compute_chunk,
+                                      call + (d - call) * static_cast<double>(cfg_.compute_chunk) /
+                                                 static_cast<double>(r.size())};
     }
     c_ = std::max(c_, r.end);
     if (covered()) mark_cover(end);
@@ -272,18 +277,19 @@ class CakeRace {
     return est_.compute_a_s + est_.compute_b_s * static_cast<double>(i);
   }
 
-  // Seconds to compute r: the last observed chunk scaled by the cost model's a + b·i growth, else the
-  // a-priori estimate.
+  // Seconds to compute r: a whole chunk's time — the last observed chunk scaled by the cost model's a + b·i
+  // growth, else the a-priori estimate — as the call's fixed cost plus r's token fraction of the rest.
   [[nodiscard]] std::optional<double> predict_compute_s(TokenRange r) const {
     const std::int64_t i = r.begin / cfg_.compute_chunk;
     const double fraction = static_cast<double>(r.size()) / static_cast<double>(cfg_.compute_chunk);
+    double whole = chunk_cost(i);
     if (observed_compute_) {
       const double base = chunk_cost(observed_compute_->chunk_index);
-      const double growth = base > 0 ? chunk_cost(i) / base : 1.0;
-      return observed_compute_->full_chunk_s * growth * fraction;
+      whole = observed_compute_->full_chunk_s * (base > 0 ? chunk_cost(i) / base : 1.0);
     }
-    if (chunk_cost(i) > 0) return chunk_cost(i) * fraction;
-    return std::nullopt;
+    if (whole <= 0) return std::nullopt;
+    const double call = std::min(whole, est_.compute_call_s);
+    return call + (whole - call) * fraction;
   }
 
   // The chunk `r` cut where the two sides are predicted to meet: its end e, among the fetch boundaries inside r

@@ -71,7 +71,7 @@ struct CakeSpeeds {
 
   // The adaptive mode's a-priori costs for chunks of these sizes (the growth with position folded into b).
   [[nodiscard]] LoaderEstimate estimate(std::int64_t compute_chunk, std::int64_t fetch_chunk) const noexcept {
-    return {compute_chunk_s(compute_chunk), 0.0, fetch_chunk_s(fetch_chunk)};
+    return {compute_chunk_s(compute_chunk), 0.0, fetch_chunk_s(fetch_chunk), compute_call_s};
   }
 };
 
