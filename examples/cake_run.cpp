@@ -1,26 +1,32 @@
 // kvfuse-cake-run: Cake on real compute and real I/O. Each request is the first --prefix-tokens tokens (on the
 // fetch-chunk grid) of a MuSiQue RAG prompt followed by its question. That prefix is made offline by a full
 // prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
-// token's logits (TTFT) is measured for Cake (LoaderMode::adaptive: compute from the front, load from the back,
-// with the estimate an engine has in advance: its prefill speed, measured on the offline prefill, and the
-// link's nominal speed), compute-only, load-only and the best static split found by trying every split point on the fetch grid, all on
+// token's logits (TTFT) is measured for Cake (LoaderMode::adaptive: compute from the front, load from the back),
+// compute-only, load-only and the best static split found by trying every split point on the fetch grid, all on
 // the reference CPU backend and the real store. Every run's first-token logits are checked against full prefill
 // (equal up to float rounding).
 //
+// Chunk sizes and the adaptive mode's estimate come from speeds kept for this engine and link (CakeSpeedMeter):
+// the compute side's fixed cost per forward pass and cost per token, timed once at start on passes of 16, 64 and
+// 256 rows, the link's latency and cost per token from its nominal speed; every run's chunks and fetches then update
+// them. For each prompt choose_chunk_sizes picks the compute and fetch chunks for its stored prefix (one chunk at
+// most 2 % of the ideal TTFT, its fixed cost at most 10 % of its time); --compute-chunk / --fetch-chunk override.
+//
 //   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
 //                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]
-//                   [--compute-chunk 512] [--fetch-chunk 128] [--threads 0] [--out DIR] [--method cacheblend]
+//                   [--compute-chunk N] [--fetch-chunk N] [--threads 0] [--out DIR] [--method cacheblend]
 //                   [--serve N] [--decode-tokens 8]
 //
 // Prints one JSON object: means over the prompts of the TTFT of each run, the meeting point, the best split,
-// the link's nominal and measured speed, the prompt and stored-prefix lengths. Then one composed request
+// the link's nominal and measured speed, the prompt and stored-prefix lengths, each prompt's chunk sizes and
+// predicted TTFT, and the speeds measured by the end. Then one composed request
 // (run_composed) on the first question's prompt with its first four passages: system prompt + passage 1 stored
 // as the exact prefix and prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
 // question; a second JSON object gives its TTFT next to full prefill's, the first token's KL and agreement, and
 // how much of the chunk caches' load stayed visible with layer-pipelined loading. With --serve N, N requests (the
 // N questions from --start, each request as above; every other one has its stored prefix, the rest are plain) run
 // together in one CpuBatchEngine (continuous batching under Cake's TokenBudgetScheduler with a budget of
-// --compute-chunk tokens per step: decode first, then chunked prefill, then the Cake requests' compute sides while
+// --compute-chunk tokens per step, else Cake's 512: decode first, then chunked prefill, then the Cake requests' compute sides while
 // their prefixes load from the back) and each decodes --decode-tokens greedy tokens; a third JSON object gives, per
 // request, its stored prefix, meeting point, first-token step and time and whether its tokens equal serving it
 // alone. With --out DIR, writes cake_timeline.png
@@ -61,7 +67,8 @@ constexpr std::string_view kSystem = "You are a helpful assistant. Answer the qu
 
 struct Options {
   std::string data, model, store = "memory", cache_dir, out, method = "cacheblend";
-  std::int64_t prefix_tokens = 2048, limit = 1, start = 0, compute_chunk = 512, fetch_chunk = 128, threads = 0;
+  std::int64_t prefix_tokens = 2048, limit = 1, start = 0, threads = 0;
+  std::int64_t compute_chunk = 0, fetch_chunk = 0;  // 0: chosen from the measured speeds
   std::int64_t serve = 0, decode_tokens = 8;
   kvfuse::LinkConfig link{20.0, 1.0};
 };
@@ -93,7 +100,9 @@ Options parse(int argc, char** argv) {
   kvfuse::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
   kvfuse::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
   kvfuse::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
-  kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk}.validate();
+  kvfuse::require(o.compute_chunk >= 0, "--compute-chunk: {} must be >= 0 (0: chosen from measured speeds)",
+                  o.compute_chunk);
+  kvfuse::require(o.fetch_chunk >= 0, "--fetch-chunk: {} must be >= 0 (0: chosen from measured speeds)", o.fetch_chunk);
   (void)kvfuse::parse_method(o.method);  // refuse a bad name before any work
   o.link.validate();
   o.model = kvfuse_example::resolve_model(o.model.empty() ? "smollm2" : o.model);
@@ -121,6 +130,45 @@ kvfuse::LoaderTrace run_once(const kvfuse::CpuLlama& model, Store& store, const 
   }
   exact = exact && t.load_failure.empty() && logits.size() == full.logits.size() && diff <= 1e-5 * scale;
   return t;
+}
+
+// The engine's and link's speeds before any request: the compute side's fixed cost per forward pass and cost per
+// token, the least-squares line through passes of 16, 64 and 256 rows at the front of `tokens` (after a warm-up,
+// the faster of two passes each: a busy machine only adds time); the link's from its nominal latency and bandwidth.
+kvfuse::CakeSpeedMeter calibrate(const kvfuse::CpuLlama& model, const std::vector<kvfuse::token_id>& tokens,
+                                 const kvfuse::LinkConfig& link) {
+  const auto timed = [&](std::int64_t rows) {
+    kvfuse::CpuLlamaSession session(model, tokens);
+    const auto t0 = std::chrono::steady_clock::now();
+    session.compute_kv({0, rows});
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  (void)timed(std::min<std::int64_t>(16, n));  // warm-up
+  double sx = 0, sy = 0, sxx = 0, sxy = 0, points = 0;
+  for (const std::int64_t rows : {std::int64_t{16}, std::int64_t{64}, std::int64_t{256}}) {
+    const std::int64_t r = std::min(rows, n);
+    const auto x = static_cast<double>(r);
+    const double y = std::min(timed(r), timed(r));
+    sx += x, sy += y, sxx += x * x, sxy += x * y, points += 1;
+  }
+  // seconds = a + b·rows: b = cov(x, y) / var(x), a = mean y - b · mean x (a >= 0).
+  const double var = sxx / points - (sx / points) * (sx / points);
+  const double slope = var > 0 ? (sxy / points - sx / points * sy / points) / var : 0.0;
+  const double per_token = slope > 0 ? slope : sy / sx;
+  const double fixed = std::max(0.0, sy / points - per_token * sx / points);
+  const double token_bytes =
+      static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
+  const double fetch_token_s = link.megabytes_per_s > 0 ? token_bytes / (link.megabytes_per_s * 1e6) : 0.0;
+  return kvfuse::CakeSpeedMeter({fixed, per_token, link.latency_ms / 1e3, fetch_token_s});
+}
+
+// The chunks for a stored prefix of `prefix` tokens: chosen from the speeds, unless given on the command line.
+kvfuse::ChunkSizes chunks_for(const Options& o, const kvfuse::CakeSpeeds& speeds, std::int64_t prefix) {
+  kvfuse::ChunkSizes c = kvfuse::choose_chunk_sizes(speeds, prefix);
+  if (o.compute_chunk > 0) c.compute_chunk = o.compute_chunk;
+  if (o.fetch_chunk > 0) c.fetch_chunk = o.fetch_chunk;
+  return c;
 }
 
 void write_timeline(const fs::path& out, const kvfuse::LoaderTrace& t, const Options& o) {
@@ -155,6 +203,9 @@ int main(int argc, char** argv) try {
   kvfuse::CpuLlamaOptions model_options;
   model_options.threads = static_cast<int>(o.threads);
   const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+  kvfuse::CakeSpeedMeter meter = calibrate(
+      model, kvfuse::build_rag_prompt(tok, kSystem, questions.front().passages, questions.front().question).tokens,
+      o.link);
 
   std::optional<fs::path> temp_dir;
   fs::path dir = o.cache_dir;
@@ -169,52 +220,56 @@ int main(int argc, char** argv) try {
   const auto measure = [&](auto& inner) {
     kvfuse::ThrottledKVStore link(inner, o.link);
     double cake = 0, compute_only = 0, io_only = 0, best = 0, meet = 0, best_token = 0, tokens_sum = 0, stored_sum = 0;
+    double predicted = 0;
+    nlohmann::json chunks = nlohmann::json::array();
     bool exact = true;
     for (std::size_t qi = 0; qi < questions.size(); ++qi) {
       const Question& q = questions[qi];
       // The request: the first --prefix-tokens tokens of the RAG prompt (system + passages), then its question.
       const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, q.passages, q.question);
       const std::int64_t query_begin = prompt.layout().query.begin;
-      const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / o.fetch_chunk * o.fetch_chunk;
+      // The chunks and the adaptive mode's estimate from the speeds measured so far (before this request).
+      const kvfuse::CakeSpeeds speeds = meter.speeds();
+      const kvfuse::ChunkSizes sizes = chunks_for(o, speeds, std::min(o.prefix_tokens, query_begin));
+      const std::int64_t fetch_chunk = sizes.fetch_chunk;
+      const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / fetch_chunk * fetch_chunk;
+      const kvfuse::LoaderEstimate estimate = speeds.estimate(sizes.compute_chunk, fetch_chunk);
+      predicted += speeds.predicted_ttft_s(stored, sizes.compute_chunk, fetch_chunk);
+      chunks.push_back({{"compute_chunk", sizes.compute_chunk}, {"fetch_chunk", fetch_chunk}});
       std::vector<kvfuse::token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + stored);
       tokens.insert(tokens.end(), prompt.tokens.begin() + query_begin, prompt.tokens.end());
-      // Offline: what an earlier request left in the store, the prompt's first `stored` tokens.
-      const auto t0 = std::chrono::steady_clock::now();
+      // Offline: what an earlier request left in the store, the prompt's first `stored` tokens (and the reference).
       const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
-      const double full_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      // What an engine knows before the request (Cake's adaptive mode uses it until it has observed both sides):
-      // its prefill speed, measured here on the offline prefill, and the link's nominal speed.
-      kvfuse::LoaderEstimate estimate;
-      estimate.compute_a_s = full_s / static_cast<double>(tokens.size()) * static_cast<double>(o.compute_chunk);
-      if (o.link.megabytes_per_s > 0)
-        estimate.fetch_chunk_s = o.link.latency_ms / 1e3 +
-                                 static_cast<double>(kvfuse::LlamaKVCache::block_bytes(
-                                     model.config().n_layer, model.config().kv_dim(), o.fetch_chunk)) /
-                                     (o.link.megabytes_per_s * 1e6);
-      const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, o.fetch_chunk);
-      for (std::int64_t b = 0; b < stored; b += o.fetch_chunk)
-        inner.put(keys[static_cast<std::size_t>(b / o.fetch_chunk)], full.kv.to_block({b, b + o.fetch_chunk}));
-      kvfuse::LoaderConfig config{o.compute_chunk, o.fetch_chunk};
-      const kvfuse::LoaderTrace t = run_once(model, link, tokens, config, estimate, full, exact);
+      const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, fetch_chunk);
+      for (std::int64_t b = 0; b < stored; b += fetch_chunk)
+        inner.put(keys[static_cast<std::size_t>(b / fetch_chunk)], full.kv.to_block({b, b + fetch_chunk}));
+      // Every run's chunks and fetches update the speeds for the next request.
+      const auto run = [&](const kvfuse::LoaderConfig& config) {
+        kvfuse::LoaderTrace t = run_once(model, link, tokens, config, estimate, full, exact);
+        meter.observe(t);
+        return t;
+      };
+      kvfuse::LoaderConfig config{sizes.compute_chunk, fetch_chunk};
+      const kvfuse::LoaderTrace t = run(config);
       if (qi == 0 && !o.out.empty()) write_timeline(o.out, t, o);
       cake += t.ready_s;
       meet += static_cast<double>(t.meet_token);
       config.mode = kvfuse::LoaderMode::compute_only;
-      compute_only += run_once(model, link, tokens, config, estimate, full, exact).ready_s;
+      compute_only += run(config).ready_s;
       config.mode = kvfuse::LoaderMode::load_only;
-      io_only += run_once(model, link, tokens, config, estimate, full, exact).ready_s;
+      io_only += run(config).ready_s;
       config.mode = kvfuse::LoaderMode::static_split;
       double best_s = std::numeric_limits<double>::infinity();
       std::int64_t best_at = 0;
-      for (config.split = 0; config.split <= stored; config.split += o.fetch_chunk) {
-        const double r = run_once(model, link, tokens, config, estimate, full, exact).ready_s;
+      for (config.split = 0; config.split <= stored; config.split += fetch_chunk) {
+        const double r = run(config).ready_s;
         if (r < best_s) std::tie(best_s, best_at) = std::pair{r, config.split};
       }
       best += best_s;
       best_token += static_cast<double>(best_at);
       tokens_sum += static_cast<double>(tokens.size());
       stored_sum += static_cast<double>(stored);
-      for (std::int64_t b = 0; b < stored; b += o.fetch_chunk) (void)inner.erase(keys[static_cast<std::size_t>(b / o.fetch_chunk)]);
+      for (std::int64_t b = 0; b < stored; b += fetch_chunk) (void)inner.erase(keys[static_cast<std::size_t>(b / fetch_chunk)]);
     }
     const auto n = static_cast<double>(questions.size());
     const double ms = 1000.0 / n;
@@ -223,6 +278,11 @@ int main(int argc, char** argv) try {
                     {"best_split", best * ms}};
     j["cake_vs_best_split"] = cake / best;
     j["cake_vs_best_single"] = cake / std::min(compute_only, io_only);
+    j["predicted_cake_ms"] = predicted * ms;
+    j["chunks"] = chunks;
+    const kvfuse::CakeSpeeds measured = meter.speeds();
+    j["speeds_ms"] = {{"compute_call", measured.compute_call_s * 1e3}, {"compute_token", measured.compute_token_s * 1e3},
+                      {"fetch_call", measured.fetch_call_s * 1e3}, {"fetch_token", measured.fetch_token_s * 1e3}};
     j["meet_token"] = meet / n;
     j["best_split_token"] = best_token / n;
     j["link_mbps"] = o.link.megabytes_per_s;
@@ -251,14 +311,16 @@ int main(int argc, char** argv) try {
     // An earlier request shared the system prompt and passage 1: its prefix entries cover them (the fetch grid
     // rounds up into passage 2, which this request does not reuse as a prefix: Cake stops at passage 1's end).
     const std::int64_t shared = layout.chunks.at(std::min<std::size_t>(1, layout.chunks.size() - 1)).range.end;
+    const kvfuse::ChunkSizes sizes = chunks_for(o, meter.speeds(), shared);
+    const std::int64_t fetch_chunk = sizes.fetch_chunk;
     pipeline.store_prefix(prompt.tokens,
-                          std::min((shared + o.fetch_chunk - 1) / o.fetch_chunk * o.fetch_chunk, layout.query.begin),
-                          o.fetch_chunk);
+                          std::min((shared + fetch_chunk - 1) / fetch_chunk * fetch_chunk, layout.query.begin),
+                          fetch_chunk);
     const auto t0 = std::chrono::steady_clock::now();
     const kvfuse::LlamaPrefill full = model.full_prefill(prompt.tokens);
     const double full_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const kvfuse::ComposedResult r = kvfuse::run_composed(pipeline, prompt.tokens, layout, kvfuse::parse_method(o.method),
-                                                          kvfuse::LoaderConfig{o.compute_chunk, o.fetch_chunk});
+                                                          kvfuse::LoaderConfig{sizes.compute_chunk, fetch_chunk});
     nlohmann::json j;
     j["composed"] = {{"method", r.fusion.plan.method},
                      {"tokens", prompt.tokens.size()},
@@ -290,25 +352,31 @@ int main(int argc, char** argv) try {
     std::vector<std::vector<kvfuse::token_id>> prompts;
     std::vector<std::vector<kvfuse::token_id>> alone;  // each request served alone: full prefill + greedy
     const std::vector<Question> serve_questions = load_questions(o.data, o.start, o.serve, 10);
+    // The prefix entries' grid, chosen for --prefix-tokens; each Cake request's compute chunk the engine picks.
+    const std::int64_t fetch_chunk = chunks_for(o, meter.speeds(), o.prefix_tokens).fetch_chunk;
     for (std::int64_t i = 0; i < o.serve; ++i) {
       const Question& q = serve_questions[static_cast<std::size_t>(i)];
       const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, q.passages, q.question);
       const std::int64_t query_begin = prompt.layout().query.begin;
-      const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / o.fetch_chunk * o.fetch_chunk;
+      const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / fetch_chunk * fetch_chunk;
       std::vector<kvfuse::token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + stored);
       tokens.insert(tokens.end(), prompt.tokens.begin() + query_begin, prompt.tokens.end());
       kvfuse::LlamaPrefill full = model.full_prefill(tokens);
       if (i % 2 == 0) {  // a Cake request: an earlier request left its prefix in the store
-        const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, o.fetch_chunk);
-        for (std::int64_t b = 0; b < stored; b += o.fetch_chunk)
-          inner.put(keys[static_cast<std::size_t>(b / o.fetch_chunk)], full.kv.to_block({b, b + o.fetch_chunk}));
+        const auto keys = kvfuse::prefix_chunk_keys(model.fingerprint(), tokens, fetch_chunk);
+        for (std::int64_t b = 0; b < stored; b += fetch_chunk)
+          inner.put(keys[static_cast<std::size_t>(b / fetch_chunk)], full.kv.to_block({b, b + fetch_chunk}));
       }
       alone.push_back(model.greedy_decode(full.kv, full.logits, o.decode_tokens, -1));
       prompts.push_back(std::move(tokens));
     }
     kvfuse::BatchEngineConfig config;
-    config.budget.token_budget = o.compute_chunk;
-    config.cake.fetch_chunk = o.fetch_chunk;
+    if (o.compute_chunk > 0) {
+      config.budget.token_budget = o.compute_chunk;
+    } else {
+      config.cake_speeds = meter.speeds();
+    }
+    config.cake.fetch_chunk = fetch_chunk;
     kvfuse::CpuBatchEngine<decltype(link)> engine(model, link, config);
     std::vector<std::uint64_t> ids;
     for (const std::vector<kvfuse::token_id>& tokens : prompts) {
@@ -334,7 +402,8 @@ int main(int argc, char** argv) try {
     }
     nlohmann::json j;
     j["serve"]["steps"] = steps;
-    j["serve"]["token_budget"] = o.compute_chunk;
+    j["serve"]["token_budget"] = config.budget.token_budget;
+    j["serve"]["fetch_chunk"] = fetch_chunk;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const kvfuse::RequestMetrics& m = metrics.at(ids[i]);
       const bool same = tokens[ids[i]] == alone[i];

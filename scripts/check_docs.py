@@ -280,6 +280,23 @@ def check_cake_simulation(root):
             j += 1
 
 
+def check_cake_defaults(root):
+    """docs/cake-real.md, Cake at its defaults: one row per link speed (results/cake-defaults-2026-11-27/link-N.jsonl,
+    kvfuse-cake-run's output; its first line is the row)."""
+    page = Page(root, "docs/cake-real.md")
+    d = root / "docs/results/cake-defaults-2026-11-27"
+    expected = {}
+    for f in sorted(d.glob("link-*.jsonl")):
+        r = json.loads(f.read_text(encoding="utf-8").splitlines()[0])
+        t, c = r["ttft_ms"], r["chunks"][0]
+        expected[f"{r['link_mbps']:g}"] = [
+            f"{c['compute_chunk']} / {c['fetch_chunk']}", f"{t['cake']:.0f}", f"{t['compute_only']:.0f}",
+            f"{t['io_only']:.0f}", f"{t['best_split']:.0f} ({r['best_split_token']:.0f})",
+            f"{r['cake_vs_best_split']:.3f}", f"{r['cake_vs_best_single']:.3f}", f"{r['meet_token']:.0f}",
+            f"{r['predicted_cake_ms']:.0f}"]
+    page.compare("| link MB/s | chunks (compute / fetch) |", "cake-real.md, Cake at its defaults", expected)
+
+
 # ---------------------------------------------------------------------------------------------------- provenance
 
 MEASURED_HEADER = re.compile(r"\b(ms|MB/s|GB/s|Gbps|tok/s|tokens/s|TTFT|KL|RSS|MiB|GFLOP/s|µs|median|throughput)\b")
@@ -378,7 +395,8 @@ def main():
 
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
-              lambda: check_cake_simulation(root), lambda: check_provenance(root, args.verbose)]
+              lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
+              lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
             check()

@@ -9,7 +9,7 @@
 #   2. kvfuse-serve-bench (continuous batching through kvfuse's request-keyed hooks) and kvfuse-server (started,
 #      called by the official openai client with passages as content parts, stopped);
 #   3. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
-#      15 MB/s link, 128-token chunks): a 512-token stored prefix of a MuSiQue prompt, computed from the front
+#      15 MB/s link, chunk sizes chosen from the measured speeds): a 512-token stored prefix of a MuSiQue prompt, computed from the front
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
 #      against full prefill (docs/cake-real.md); then one request composed of Cake (system prompt + passage 1, stored) and
 #      CacheBlend (passages 2-4, reused chunk caches, read layer by layer while the model computes) against full
@@ -91,9 +91,9 @@ echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
-    --fetch-chunk 128 --compute-chunk 128 --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run" \
-    --serve 3 --decode-tokens 8
-  echo "(first line: ttft_ms per strategy; matches_full_prefill: every run's first-token logits equal full"
+    --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run" --serve 3 --decode-tokens 8
+  echo "(first line: ttft_ms per strategy; chunks: the compute and fetch chunks chosen from speeds_ms, the speeds"
+  echo " measured on this machine; matches_full_prefill: every run's first-token logits equal full"
   echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."
   echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages,"
   echo " their chunk caches read layer by layer while the model computes (chunk_load_wait_ms: what stayed visible);"

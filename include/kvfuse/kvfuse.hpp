@@ -26,6 +26,7 @@
 #include "kvfuse/backend/concepts.hpp"
 
 #include "kvfuse/schedule/bidirectional_loader.hpp"
+#include "kvfuse/schedule/chunk_sizes.hpp"
 #include "kvfuse/schedule/loading_controller.hpp"
 #include "kvfuse/schedule/preload_planner.hpp"
 #include "kvfuse/schedule/token_budget_scheduler.hpp"

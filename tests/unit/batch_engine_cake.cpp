@@ -305,3 +305,29 @@ TEST_CASE("CpuBatchEngine: a Cake request cancelled while its loads run leaves, 
   CHECK(cancelled);
   CHECK(tokens == alone(model, requests[1]));
 }
+
+TEST_CASE("CpuBatchEngine with measured speeds: a Cake request computes at most its chosen chunk per step, and its "
+          "tokens equal serving it alone") {
+  const CpuLlama model = small_untied_llama();
+  InMemoryKVStore memory;
+  const std::vector<GenerationRequest> requests{full_request(make_prompt(200, 2), 6)};
+  store_prefix(model, requests[0].tokens, 160, memory);
+  // 1 ms per token on both sides, no fixed costs: T* = 80 ms for 160 stored tokens, 2 % of it is under one token,
+  // so the rule's smallest chunk, 16 tokens.
+  const CakeSpeeds speeds{0.0, 0.001, 0.0, 0.001};
+  REQUIRE(choose_chunk_sizes(speeds, 160).compute_chunk == 16);
+  for (LoaderMode mode : {LoaderMode::compute_only, LoaderMode::adaptive}) {
+    CAPTURE(static_cast<int>(mode));
+    BatchEngineConfig config = cake_config(mode);
+    config.cake_speeds = speeds;
+    CpuBatchEngine<InMemoryKVStore> engine(model, memory, config);
+    std::int64_t most = 0;
+    const Run run = run_all(engine, requests, [&](const StepStats& s, const std::vector<TokenEvent>&) {
+      most = std::max(most, s.cake_rows);
+    });
+    CHECK(most <= 16);
+    if (mode == LoaderMode::compute_only) CHECK(most == 16);
+    CHECK(run.metrics.at(1).stored_prefix == 160);
+    CHECK(run.tokens.at(1) == alone(model, requests[0]));
+  }
+}

@@ -2,6 +2,7 @@
 // the guarantee against the baselines, store failures, and real threads moving real KV bytes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -142,6 +143,31 @@ TEST_CASE("adaptive fallback: a compute chunk that cannot beat the loads is not 
   CHECK(compute_only.loaded_tokens == 0);
   CHECK(load_only.ready_s == doctest::Approx(4.0));
   CHECK(load_only.computed_tokens == 0);
+}
+
+TEST_CASE("adaptive: the compute chunk is cut where the loads are predicted to meet it") {
+  // 16 tokens; a compute chunk of 8 tokens takes 8 s (1 s per token), a 2-token fetch 1 s. Ending the first chunk
+  // at e, both sides are done at max(e, 8 - e / 2): e = 6 (loads reach 6 at 5 s, compute at 6 s) beats the whole
+  // chunk (8 s) and waiting for the loads (8 s), and equals the best static split.
+  const auto tokens = iota_tokens(16);
+  auto run = [&](LoaderMode mode) {
+    auto sim = make_sim(8.0, 0.0, 8, kTwoTokensPerSecondGbps);
+    store_prefix(sim.store, sim.compute.model_fingerprint(), tokens, 2, 8);
+    LoaderTrace t = SimLoader({8, 2, mode}, {8.0, 0.0, 1.0}).run(sim.compute, sim.store, tokens);
+    CHECK(sim.compute.resident_prefix() == 16);
+    return t;
+  };
+  const LoaderTrace adaptive = run(LoaderMode::adaptive);
+  CHECK(adaptive.ready_s == doctest::Approx(6.0));
+  CHECK(adaptive.meet_token == 6);
+  const auto first = std::find_if(adaptive.steps.begin(), adaptive.steps.end(),
+                                  [](const LoaderStep& st) { return st.source == KVSource::compute; });
+  REQUIRE(first != adaptive.steps.end());
+  CHECK(first->tokens == TokenRange{0, 6});
+  CHECK(run(LoaderMode::bidirectional).ready_s == doctest::Approx(8.0));
+  auto sim = make_sim(8.0, 0.0, 8, kTwoTokensPerSecondGbps);
+  store_prefix(sim.store, sim.compute.model_fingerprint(), tokens, 2, 8);
+  CHECK(best_static_split(sim.compute, sim.store, tokens, 16, {8, 2}).ready_s == doctest::Approx(6.0));
 }
 
 TEST_CASE("idle budget: a wrong prediction costs at most one chunk's time") {

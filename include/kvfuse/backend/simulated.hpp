@@ -6,7 +6,8 @@
 //
 // Cost model (Cake, section 5: compute-only chunked prefill and I/O-only loading):
 //   compute chunk i (tokens [i·C, (i+1)·C)) takes (A + B·i) seconds at 100 % GPU share; at share s it
-//   progresses at rate s. A partial chunk costs its token fraction of that.
+//   progresses at rate s. A partial chunk costs its token fraction of that. Each compute call adds a fixed
+//   call_s (a forward pass reads every weight once, whatever its rows), so small chunks cost more per token.
 //   loading n tokens takes latency + n · kv_bytes_per_token · 8 / bandwidth seconds.
 // Both rates may vary over time: a ResourceTrace is a step function of (gpu share, bandwidth).
 
@@ -115,23 +116,26 @@ class ResourceTrace {
   std::vector<TracePoint> points_;
 };
 
-// Compute cost: chunk i of `chunk_tokens` tokens costs a_s + b_s·i seconds at full GPU share.
+// Compute cost: chunk i of `chunk_tokens` tokens costs a_s + b_s·i seconds at full GPU share, plus call_s per
+// compute call.
 struct ComputeCostModel {
   double a_s = 0;
   double b_s = 0;
   std::int64_t chunk_tokens = 512;
+  double call_s = 0;
 
   void validate() const {
     detail::require_finite_nonneg(a_s, "ComputeCostModel: a_s");
     detail::require_finite_nonneg(b_s, "ComputeCostModel: b_s");
+    detail::require_finite_nonneg(call_s, "ComputeCostModel: call_s");
     detail::require(a_s + b_s > 0, "ComputeCostModel: a = b = 0 would make compute free");
     detail::require(chunk_tokens > 0, "ComputeCostModel: chunk_tokens = {} must be > 0", chunk_tokens);
   }
 
-  // Seconds at full share to compute tokens r given the KV of [0, r.begin): each piece of r inside grid
-  // chunk i costs its token fraction of (a + b·i).
+  // Seconds at full share to compute tokens r given the KV of [0, r.begin), in one call: call_s, plus for each
+  // piece of r inside grid chunk i its token fraction of (a + b·i).
   [[nodiscard]] double work_s(TokenRange r) const {
-    double w = 0;
+    double w = r.empty() ? 0 : call_s;
     for (std::int64_t b = r.begin; b < r.end;) {
       const TokenRange piece = grid_chunk(b, r.end, chunk_tokens);
       const auto i = static_cast<double>(b / chunk_tokens);

@@ -12,7 +12,9 @@
 // GPU share and bandwidth change under load. For reuse of non-prefix chunks use the fusion selectors
 // (HKVDSelector, AttnLinkBoundary, CCIScorer) instead; for a store as fast as HBM just load.
 //
-// Defaults from the paper: compute chunk 512 tokens (vLLM token budget), fetch chunk 128 tokens.
+// Defaults from the paper: compute chunk 512 tokens (vLLM token budget), fetch chunk 128 tokens. Where one such
+// chunk is a large share of the time to first token (a CPU, a small GPU share, a short prefix), pick them from
+// measured speeds with choose_chunk_sizes (schedule/chunk_sizes.hpp).
 //
 // Beyond the paper (its section 5 leaves this as future work): in LoaderMode::adaptive the compute side
 // does not start a chunk that is predicted to finish only after the loads have reached it — a GPU chunk
@@ -20,7 +22,9 @@
 // durations (or the a-priori LoaderEstimate before anything is observed). To bound the cost of a wrong
 // prediction the compute side idles at most one chunk's estimated time in total, then runs
 // unconditionally (ski rental). Loads can always be abandoned, so they always run. Hence, for constant
-// rates, the loader is never slower than min(compute-only, load-only) by more than one chunk's time.
+// rates, the loader is never slower than min(compute-only, load-only) by more than one chunk's time. And a chunk
+// it starts is cut where the two sides are predicted to meet (the fetch boundary minimizing when both are done),
+// so the last compute chunk does not run on past where the loaded KV will begin.
 //
 // Missing or failing store entries (evicted between lookup and fetch, a store that goes away) stop the
 // loads; the compute side then covers the rest. The failure is recorded in the trace, nothing is lost.
@@ -41,6 +45,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -85,8 +90,11 @@ struct LoaderEstimate {
   double compute_a_s = 0;   // compute chunk i takes compute_a_s + compute_b_s·i seconds
   double compute_b_s = 0;
   double fetch_chunk_s = 0;  // one fetch chunk, latency included
+  double compute_call_s = 0; // the part of a chunk's time any compute call costs, whatever its size (a cut chunk
+                             // costs this plus its token fraction of the rest)
 
   void validate() const {
+    detail::require_finite_nonneg(compute_call_s, "LoaderEstimate: compute_call_s");
     detail::require_finite_nonneg(compute_a_s, "LoaderEstimate: compute_a_s");
     detail::require_finite_nonneg(compute_b_s, "LoaderEstimate: compute_b_s");
     detail::require_finite_nonneg(fetch_chunk_s, "LoaderEstimate: fetch_chunk_s");
@@ -158,12 +166,14 @@ class CakeRace {
     if (compute_limit_ >= 0 && c_ >= compute_limit_) return Decision::blocked;
     out = grid_chunk(c_, compute_end(), cfg_.compute_chunk);
     if (cfg_.mode != LoaderMode::adaptive || !loads_enabled_ || idle_budget_spent(now)) return Decision::start;
-    const std::optional<double> f = predict_compute_s(out);
     const std::optional<double> reach = predict_loads_reach_s(now, fetch_start, out.begin);
-    if (!f || !reach || now + *f < *reach) return Decision::start;
+    if (!reach || !predict_compute_s(out)) return Decision::start;
+    out = cut_at_meeting(now, fetch_start, out);
+    const double f = *predict_compute_s(out);
+    if (now + f < *reach) return Decision::start;
     if (!idle_since_) {
       idle_since_ = now;
-      idle_budget_s_ = std::max(idle_budget_s_, *f);
+      idle_budget_s_ = std::max(idle_budget_s_, f);
       ++trace_.skipped_compute_chunks;
     }
     return Decision::wait;
@@ -184,9 +194,11 @@ class CakeRace {
   void compute_done(TokenRange r, double start, double end) {
     trace_.steps.push_back({r, KVSource::compute, start, end, true});
     const double d = end - start;
-    if (d > 0 && r.size() > 0) {
-      observed_compute_ = Observation{r.begin / cfg_.compute_chunk, d * static_cast<double>(cfg_.compute_chunk) /
-                                                                        static_cast<double>(r.size())};
+    if (d > 0 && r.size() > 0) {  // as a whole chunk: the call's fixed cost once, the rest scaled by its tokens
+      const double call = std::min(d, est_.compute_call_s);
+      observed_compute_ = Observation{r.begin / cfg_.compute_chunk,
+                                      call + (d - call) * static_cast<double>(cfg_.compute_chunk) /
+                                                 static_cast<double>(r.size())};
     }
     c_ = std::max(c_, r.end);
     if (covered()) mark_cover(end);
@@ -265,18 +277,35 @@ class CakeRace {
     return est_.compute_a_s + est_.compute_b_s * static_cast<double>(i);
   }
 
-  // Seconds to compute r: the last observed chunk scaled by the cost model's a + b·i growth, else the
-  // a-priori estimate.
+  // Seconds to compute r: a whole chunk's time — the last observed chunk scaled by the cost model's a + b·i
+  // growth, else the a-priori estimate — as the call's fixed cost plus r's token fraction of the rest.
   [[nodiscard]] std::optional<double> predict_compute_s(TokenRange r) const {
     const std::int64_t i = r.begin / cfg_.compute_chunk;
     const double fraction = static_cast<double>(r.size()) / static_cast<double>(cfg_.compute_chunk);
+    double whole = chunk_cost(i);
     if (observed_compute_) {
       const double base = chunk_cost(observed_compute_->chunk_index);
-      const double growth = base > 0 ? chunk_cost(i) / base : 1.0;
-      return observed_compute_->full_chunk_s * growth * fraction;
+      whole = observed_compute_->full_chunk_s * (base > 0 ? chunk_cost(i) / base : 1.0);
     }
-    if (chunk_cost(i) > 0) return chunk_cost(i) * fraction;
-    return std::nullopt;
+    if (whole <= 0) return std::nullopt;
+    const double call = std::min(whole, est_.compute_call_s);
+    return call + (whole - call) * fraction;
+  }
+
+  // The chunk `r` cut where the two sides are predicted to meet: its end e, among the fetch boundaries inside r
+  // and r.end, minimizes max(now + compute time of [r.begin, e), when the loads reach e) — the time both are
+  // done — the larger e on a tie. Computing past e would only redo what the loads bring by then.
+  [[nodiscard]] TokenRange cut_at_meeting(double now, double fetch_start, TokenRange r) const {
+    const auto done_at = [&](std::int64_t e) {
+      const double computed = now + *predict_compute_s({r.begin, e});
+      return e >= l_ ? computed : std::max(computed, *predict_loads_reach_s(now, fetch_start, e));
+    };
+    TokenRange best = r;
+    double best_s = done_at(r.end);
+    for (std::int64_t e = (r.end - 1) / cfg_.fetch_chunk * cfg_.fetch_chunk; e > r.begin; e -= cfg_.fetch_chunk) {
+      if (const double t = done_at(e); t < best_s) std::tie(best, best_s) = std::pair{TokenRange{r.begin, e}, t};
+    }
+    return best;
   }
 
   // When the loads will have covered down to `pos`; pessimistic once a fetch overruns its prediction.

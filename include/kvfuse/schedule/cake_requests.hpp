@@ -29,6 +29,9 @@
 //   its predictions here: give it the engine's token budget.
 // - A stored prefix covering the whole prompt is cut back to the fetch boundary before the last token, so every
 //   prompt ends with a computed chunk whose logits give the first token.
+// - Given the engine's measured speeds (CakeSpeeds), admit() sizes the request's compute chunk for its stored
+//   prefix with choose_chunk_sizes (schedule/chunk_sizes.hpp) and takes its estimate from them; wanted() then asks
+//   at most one such chunk per step. Without them every request uses the loader's compute_chunk and estimate.
 //
 // Failures: a fetch that misses, throws or returns a block of the wrong size stops that request's loads; its
 // compute side covers the rest (LoaderTrace::load_failure). Other requests are not touched.
@@ -53,6 +56,7 @@
 #include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
+#include "kvfuse/schedule/chunk_sizes.hpp"
 #include "kvfuse/schedule/threaded_loader.hpp"
 
 namespace kvfuse {
@@ -79,15 +83,23 @@ class CakeRequests {
   }
 
   // The stored prefix of `tokens` (0: none, not a Cake request); with one, request `id` joins and its loads
-  // start. `compute` gives the model's fingerprint of the prefix keys.
-  std::int64_t admit(std::uint64_t id, const Compute& compute, std::span<const token_id> tokens) {
-    const LoaderConfig& cfg = loader_.config();
+  // start. `compute` gives the model's fingerprint of the prefix keys; `speeds`, when given, the request's compute
+  // chunk (choose_chunk_sizes under `rule`) and estimate.
+  std::int64_t admit(std::uint64_t id, const Compute& compute, std::span<const token_id> tokens,
+                     const std::optional<CakeSpeeds>& speeds = std::nullopt, const ChunkRule& rule = {}) {
+    LoaderConfig cfg = loader_.config();
+    LoaderEstimate estimate = loader_.estimate();
     const auto n = static_cast<std::int64_t>(tokens.size());
     std::int64_t stored = loader_.stored_prefix(compute, *store_, tokens);
     if (stored == n) stored = (n - 1) / cfg.fetch_chunk * cfg.fetch_chunk;  // the last token is computed
     if (stored == 0) return 0;
-    auto s = std::make_shared<State>(detail::CakeRace(cfg, loader_.estimate(), stored, n),
-                                     prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg.fetch_chunk));
+    if (speeds) {
+      cfg.compute_chunk = choose_chunk_sizes(*speeds, stored, rule).compute_chunk;
+      estimate = speeds->estimate(cfg.compute_chunk, cfg.fetch_chunk);
+    }
+    auto s = std::make_shared<State>(detail::CakeRace(cfg, estimate, stored, n),
+                                     prefix_chunk_keys(compute.model_fingerprint(), tokens, cfg.fetch_chunk),
+                                     cfg.compute_chunk);
     {
       std::lock_guard lock(mutex_);
       states_.emplace(id, std::move(s));
@@ -97,13 +109,16 @@ class CakeRequests {
     return stored;
   }
 
-  // The tokens request `id`'s compute side may compute now: up to where its loads are, or 0 while it waits.
+  // The tokens request `id`'s compute side may compute now: up to where its loads are, at most one compute chunk
+  // (to where the sides are predicted to meet, if that is sooner), or 0 while it waits.
   [[nodiscard]] std::int64_t wanted(std::uint64_t id) {
     std::lock_guard lock(mutex_);
     State& s = *states_.at(id);
-    TokenRange grid;  // the loader's own chunk; the scheduler sizes this one
-    if (s.race.decide_compute(since(), s.fetch_start, grid) != detail::CakeRace::Decision::start) return 0;
-    return s.race.compute_end() - s.race.computed();
+    TokenRange chunk;  // the loader's own chunk, cut where the sides are predicted to meet; else the scheduler sizes it
+    if (s.race.decide_compute(since(), s.fetch_start, chunk) != detail::CakeRace::Decision::start) return 0;
+    const std::int64_t c = s.race.computed();
+    const bool cut = chunk.end < grid_chunk(c, s.race.compute_end(), s.compute_chunk).end;
+    return (cut ? chunk.end : std::min(s.race.compute_end(), c + s.compute_chunk)) - c;
   }
 
   // The range request `id`'s compute side computes in an allocation of `tokens`: from its front, up to where
@@ -158,9 +173,11 @@ class CakeRequests {
 
   // One request's race; the I/O thread holds it by shared_ptr while it fetches, so it may leave meanwhile.
   struct State {
-    State(detail::CakeRace r, std::vector<KVKey> k) : race(std::move(r)), keys(std::move(k)) {}
+    State(detail::CakeRace r, std::vector<KVKey> k, std::int64_t chunk)
+        : race(std::move(r)), keys(std::move(k)), compute_chunk(chunk) {}
     detail::CakeRace race;
     std::vector<KVKey> keys;                 // the prompt's prefix keys
+    std::int64_t compute_chunk;              // its compute side's chunk
     std::map<std::int64_t, KVBlock> loaded;  // fetched blocks by first token
     double fetch_start = detail::kNoFetch;   // of the fetch in flight
     double compute_start = 0;                // of the range claimed last

@@ -11,7 +11,8 @@
 // prefills in arrival order: a full-prefill request takes the budget in chunks (chunked prefill), a fusion
 // request's partial prefill (|S_0| rows; its S_l shrink on later layers) runs whole in one step, when the budget
 // left holds it or nothing else is in the step; last, what is left goes to the Cake requests' compute sides,
-// each computing from the front up to where its loads are (Cake §4, appendix B). Where a Cake request's two sides
+// each computing from the front up to where its loads are (Cake §4, appendix B; with BatchEngineConfig::cake_speeds
+// at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a Cake request's two sides
 // met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
 // without a stored chunk cache are computed in context for the request and, in the same batch, alone at position
 // 0 (CacheBlend's chunk cache), saved asynchronously for later requests. The step whose prefill computes a
@@ -58,6 +59,7 @@
 #include "kvfuse/fusion/fusion_method.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/cake_requests.hpp"
+#include "kvfuse/schedule/chunk_sizes.hpp"
 #include "kvfuse/schedule/token_budget_scheduler.hpp"
 
 namespace kvfuse {
@@ -115,12 +117,19 @@ struct BatchEngineConfig {
   LoaderConfig cake{};                 // Cake requests: fetch_chunk (the prefix entries' grid) and mode; compute_chunk
                                        // is set to the token budget (the unit of the adaptive mode's predictions)
   LoaderEstimate cake_estimate{};      // the adaptive mode's a-priori costs
+  std::optional<CakeSpeeds> cake_speeds{};  // set: the engine's speeds before it ran, kept up to date from its steps'
+                                            // forward passes and its Cake requests' fetches; each Cake request's
+                                            // compute side then takes at most choose_chunk_sizes' compute chunk (for
+                                            // its stored prefix, under cake_rule) per step, its estimate from them
+  ChunkRule cake_rule{};
 
   void validate() const {
     budget.validate();
     connector.validate();
     cake.validate();
     cake_estimate.validate();
+    if (cake_speeds) cake_speeds->validate();
+    cake_rule.validate();
     detail::require(max_running >= 1, "BatchEngineConfig: max_running = {} must be >= 1", max_running);
   }
 };
@@ -133,7 +142,9 @@ class CpuBatchEngine {
         config_((config.validate(), config)),
         scheduler_(config.budget),
         connector_(store, shape_of(model), config.connector),
-        cake_(store, BidirectionalLoader<CpuLlamaFusion, Store>(cake_loader(config), config.cake_estimate)) {}
+        cake_(store, BidirectionalLoader<CpuLlamaFusion, Store>(cake_loader(config), config.cake_estimate)) {
+    if (config_.cake_speeds) speeds_.emplace(*config_.cake_speeds);
+  }
 
   [[nodiscard]] FusionConnector<Store>& connector() noexcept { return connector_; }
   [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
@@ -285,7 +296,11 @@ class CpuBatchEngine {
 
     if (!items_.empty()) {
       Hooks hooks{*this};
+      const auto f0 = Clock::now();
       model_->forward(items_, hooks);
+      if (speeds_)
+        speeds_->compute().observe(stats_.prefill_rows + stats_.decode_rows,
+                                   std::chrono::duration<double>(Clock::now() - f0).count());
     }
     for (std::size_t c = 0; c < chunk_kv.size(); ++c) {  // asynchronous puts of the new chunk caches
       saving_.insert(chunk_keys[c].content);
@@ -452,7 +467,9 @@ class CpuBatchEngine {
       arrival_.push_back(id);
       if (ref.is_full()) {  // a Cake request when its prompt has a stored prefix
         try {
-          ref.metrics.stored_prefix = cake_.admit(id, ref.fusion, ref.request.tokens);
+          ref.metrics.stored_prefix =
+              cake_.admit(id, ref.fusion, ref.request.tokens,
+                          speeds_ ? std::optional<CakeSpeeds>(speeds_->speeds()) : std::nullopt, config_.cake_rule);
         } catch (const std::exception&) {  // the lookup failed: computed like any other prompt
           ref.metrics.stored_prefix = 0;
         }
@@ -483,6 +500,7 @@ class CpuBatchEngine {
       if (!met) continue;
       r.cake = false;
       r.metrics.meet_token = met->trace.meet_token;
+      if (speeds_) speeds_->observe_fetches(met->trace);
       bool fits = true;
       for (const auto& [range, block] : met->blocks) {
         fits = fits && block.first_position == range.begin && block.bytes.size() == r.fusion.block_bytes(range.size());
@@ -543,6 +561,7 @@ class CpuBatchEngine {
   TokenBudgetScheduler scheduler_;
   FusionConnector<Store> connector_;
   Cake cake_;                       // the Cake requests' races and their I/O thread
+  std::optional<CakeSpeedMeter> speeds_;  // from config_.cake_speeds, updated as the engine runs
   mutable std::mutex inbox_mutex_;  // guards inbox_, cancelled_, next_id_
   std::vector<Waiting> inbox_;
   std::set<std::uint64_t> cancelled_;
