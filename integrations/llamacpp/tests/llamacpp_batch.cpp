@@ -71,6 +71,7 @@ struct Outcome {
 
 void record(std::map<std::uint64_t, Outcome>& out, const std::vector<BatchEvent>& events) {
   for (const BatchEvent& e : events) {
+    CHECK_MESSAGE(e.finish != BatchFinish::error, e.error);
     Outcome& o = out[e.request];
     if (!e.logits.empty()) {
       o.logits = e.logits;
@@ -153,13 +154,14 @@ TEST_CASE("llama.cpp batch: full, naive, AttnLink and Cache-Craft requests in on
   std::vector<std::uint64_t> ids;
   for (const BatchRequest& r : requests) ids.push_back(engine.submit(r));
   // Every request's S_0 is the plan FusionPipeline makes for it, and stored blocks are used.
-  (void)engine.step();
+  std::map<std::uint64_t, Outcome> first;
+  record(first, engine.step());
   for (std::size_t i = 0; i < ids.size(); ++i)
     CHECK(engine.plan(ids[i]).initial == setup.pipeline->plan(requests[i].tokens, requests[i].layout,
                                                                   requests[i].method).initial);
   CHECK(engine.plan(ids[1]).initial.size() < requests[1].tokens.size() / 4);
   CHECK(engine.plan(ids[3]).chunks[1].source == kvfuse::KVSource::variant);
-  const std::map<std::uint64_t, Outcome> batched = run_until_idle(engine);
+  const std::map<std::uint64_t, Outcome> batched = run_until_idle(engine, std::move(first));
   for (std::size_t i = 0; i < ids.size(); ++i) {
     CAPTURE(i);
     const Outcome& b = batched.at(ids[i]);
@@ -244,12 +246,15 @@ TEST_CASE("llama.cpp batch: entries of one request that fail to read are compute
     return setup.pipeline->isolated_key(
         std::span(broken.tokens).subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size())));
   };
-  kvfuse::KVBlock truncated = *setup.store.get(key_of(n - 3));
+  kvfuse::KVBlock truncated = *setup.store.get(key_of(n - 2));
   truncated.bytes.resize(truncated.bytes.size() - 1);
-  setup.store.put(key_of(n - 3), truncated);
-  kvfuse::KVBlock refused = *setup.store.get(key_of(n - 2));
-  std::fill_n(refused.bytes.begin(), 16, std::byte{0xff});  // llama.cpp's header: not a state it reads
-  setup.store.put(key_of(n - 2), refused);
+  setup.store.put(key_of(n - 2), truncated);
+  // llama.cpp's sequence state: 8 bytes, the stream and cell counts, 12 bytes per cell, V transposed, the layer
+  // count — a layer count the model does not have makes llama.cpp refuse it after it took the cells.
+  kvfuse::KVBlock refused = *setup.store.get(key_of(n - 1));
+  const std::uint32_t layers = 999;
+  std::memcpy(refused.bytes.data() + 16 + 12 * refused.num_tokens + 4, &layers, 4);
+  setup.store.put(key_of(n - 1), refused);
 
   const std::uint64_t g = engine.submit(good);
   const std::uint64_t x = engine.submit(broken);

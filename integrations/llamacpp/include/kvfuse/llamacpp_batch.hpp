@@ -96,7 +96,7 @@ template <KVStore Store>
 class LlamaCppBatchEngine : public LlamaCppContext {
  public:
   LlamaCppBatchEngine(const std::filesystem::path& gguf, Store& store, BatchOptions options = {})
-      : LlamaCppContext(gguf, context_options(options), {3 * options.max_requests + 3, 1, nullptr, nullptr,
+      : LlamaCppContext(gguf, context_options(options), {3 * options.max_requests + 5, 1, nullptr, nullptr,
                                                          "LlamaCppBatchEngine"}),
         store_(&store),
         regions_(options.max_requests),
@@ -126,6 +126,9 @@ class LlamaCppBatchEngine : public LlamaCppContext {
                                  request.tokens.size(), request.max_new_tokens, need, region_cells_);
     const FusionPlan plan = plan_fusion(0, request.tokens, request.layout, request.method, shape_, *store_,
                                         request.variants);
+    kvfuse::detail::require(plan.initial.back() == static_cast<std::int64_t>(request.tokens.size()) - 1,
+                            "LlamaCppBatchEngine::submit: method '{}' does not recompute the prompt's last row",
+                            plan.method);
     kvfuse::detail::require(!plan.per_layer,
                             "LlamaCppBatchEngine::submit: method '{}' changes the recomputed set per layer, which one "
                             "llama_decode per step cannot (fixed-set methods only)",
@@ -160,7 +163,12 @@ class LlamaCppBatchEngine : public LlamaCppContext {
       if (running_.contains(id)) end(id, {id, {}, {}, 0, BatchFinish::cancelled, Status::cancelled, {}}, events);
     }
     while (!queued_.empty() && running_.size() < regions_) {
-      admit(std::move(queued_.front()));
+      const std::uint64_t id = queued_.front().id;
+      try {
+        admit(std::move(queued_.front()));
+      } catch (const error& e) {  // a store that throws: the request ends, its cells back to the filler
+        end(id, {id, {}, {}, 0, BatchFinish::error, e.code(), e.what()}, events);
+      }
       queued_.pop_front();
     }
     std::vector<Slice> slices = plan_step();
@@ -207,12 +215,12 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   };
 
   static LlamaCppOptions context_options(const BatchOptions& o) {
-    kvfuse::detail::require(o.max_requests >= 1 && 3 * o.max_requests + 3 <= llama_max_parallel_sequences() &&
+    kvfuse::detail::require(o.max_requests >= 1 && 3 * o.max_requests + 5 <= llama_max_parallel_sequences() &&
                                 o.region_cells >= 256 && o.region_cells % 256 == 0 && o.llama.n_ubatch >= 2 &&
                                 o.llama.n_ubatch > o.max_requests && o.llama.n_batch >= o.llama.n_ubatch,
                             "LlamaCppBatchEngine: max_requests {} (1 .. {}, below n_ubatch), region_cells {} (a "
                             "multiple of 256), n_ubatch {} (>= 2), n_batch {} (>= n_ubatch)",
-                            o.max_requests, (llama_max_parallel_sequences() - 3) / 3, o.region_cells,
+                            o.max_requests, (llama_max_parallel_sequences() - 5) / 3, o.region_cells,
                             o.llama.n_ubatch, o.llama.n_batch);
     LlamaCppOptions l = o.llama;
     l.n_ctx = (o.max_requests + 1) * o.region_cells;  // the last region: the throwaway token's
@@ -220,7 +228,8 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     return l;
   }
 
-  // Sequences of region g: the request, its staging sequence, the filler; then the scratch region's.
+  // Sequences of region g: the request, its staging sequence, the filler; after the scratch region's filler, the
+  // throwaway token's and the restore scratch (3 · max_requests + 5 in all).
   static constexpr llama_seq_id seq_request(std::size_t g) noexcept { return static_cast<llama_seq_id>(3 * g); }
   static constexpr llama_seq_id seq_staging(std::size_t g) noexcept { return static_cast<llama_seq_id>(3 * g + 1); }
   static constexpr llama_seq_id seq_filler(std::size_t g) noexcept { return static_cast<llama_seq_id>(3 * g + 2); }
@@ -249,7 +258,8 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   void admit(Queued q) {
     std::size_t g = 0;
     while (region_of_[g] != 0) ++g;
-    Running r;
+    region_of_[g] = q.id;
+    Running& r = running_[q.id];
     r.region = g;
     r.order = q.id;
     r.request = std::move(q.request);
@@ -265,8 +275,6 @@ class LlamaCppBatchEngine : public LlamaCppContext {
       changed = true;
     }
     if (changed) finish_plan(r.plan, r.request.method, shape_);  // S_0 with the chunks computed instead
-    region_of_[g] = q.id;
-    running_.emplace(q.id, std::move(r));
   }
 
   // The chunk's stored block into its cells (base + its rows), at its rows' positions, staged; false (cells back to
