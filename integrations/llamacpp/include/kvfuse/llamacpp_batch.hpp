@@ -9,10 +9,11 @@
 //
 // Blocks are LlamaCppContext's (llama.cpp sequence states under the same fingerprint), so what FusionPipeline over
 // LlamaCppFusion stores (store_chunk_caches, record_context's Cache-Craft variants) this engine reads; it stores
-// nothing itself. A request's step holds, in this order of preference: one token when it decodes; else the next
-// run of its S_0 (llama_decode takes, per sequence, only positions that continue it, so each maximal run of
-// recomputed rows is a step of its own, the stored rows before it joining the request's sequence first, as in
-// LlamaCppFusion), cut to the step's token budget (LlamaCppOptions::n_ubatch, one graph per step).
+// nothing itself. In a step, a decoding request adds one token; a prefilling one, after the decodes and in order
+// of arrival, the next run of its S_0 (llama_decode takes, per sequence, only positions that continue it, so each
+// maximal run of recomputed rows is a step of its own, the stored rows before it joining the request's sequence
+// first, as in LlamaCppFusion), cut to what is left of the step's budget (LlamaCppOptions::n_ubatch tokens: one
+// graph per step).
 //
 // Batched equals alone, bit for bit: a request's logits and tokens do not depend on the other requests of its
 // steps. Two things of llama.cpp's CPU path would make them depend on it, and the engine rules both out:
@@ -203,7 +204,6 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     std::int64_t generated = 0;
     token_id last = 0;                   // the token to decode next
     bool decoding = false;
-    std::uint64_t order = 0;             // arrival
   };
   // One request's rows of a step: positions [first, first + tokens.size()).
   struct Slice {
@@ -261,7 +261,6 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     region_of_[g] = q.id;
     Running& r = running_[q.id];
     r.region = g;
-    r.order = q.id;
     r.request = std::move(q.request);
     r.staged.assign(r.request.tokens.size(), false);
     r.plan = plan_fusion(q.id, r.request.tokens, r.request.layout, r.request.method, shape_, *store_,
@@ -326,12 +325,12 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   // Each running request's rows of this step (decodes first, then prefills in arrival order within the budget),
   // in region order: the order of their cells.
   std::vector<Slice> plan_step() {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> order;  // (arrival, id)
-    for (const auto& [id, r] : running_) order.emplace_back(r.decoding ? 0 : r.order, id);
+    std::vector<std::pair<bool, std::uint64_t>> order;  // decodes first, then by id: the order of arrival
+    for (const auto& [id, r] : running_) order.emplace_back(!r.decoding, id);
     std::sort(order.begin(), order.end());
     auto budget = static_cast<std::int64_t>(options_.n_ubatch);
     std::vector<std::pair<std::size_t, Slice>> picked;
-    for (const auto& [arrival, id] : order) {
+    for (const auto& [prefills, id] : order) {
       Running& r = running_.at(id);
       const auto n = static_cast<std::int64_t>(r.request.tokens.size());
       if (r.decoding) {
