@@ -17,16 +17,18 @@
 //
 // Batched equals alone, bit for bit: a request's logits and tokens do not depend on the other requests of its
 // steps. Two things of llama.cpp's CPU path would make them depend on it, and the engine rules both out:
-//   - Attention (without flash attention) runs over all n_kv cells in SIMD blocks, masked cells adding exact
-//     zeros; a request whose rows sat at another offset within those blocks rounds differently (0.71 in a logit
-//     at an offset of 8 cells, measured; none at multiples of 16). So each request owns a region of
-//     BatchOptions::region_cells cells (a multiple of 256), its row at position p in cell base + p. llama.cpp picks
-//     cells itself (the first free ones from its head), so every cell no request holds belongs to a filler
+//   - Attention runs over all n_kv cells, summed in SIMD blocks, masked cells adding exact zeros: a request's
+//     rows must sit in the same order and alignment as alone, which llama.cpp's own cell search does not keep
+//     when other requests hold cells. So each request owns a region of BatchOptions::region_cells cells (a
+//     multiple of 256: a margin over SIMD blocks; an offset of 8 cells changed nothing on the AVX-512 kernels
+//     measured, docs/llamacpp.md §4), its row at position p in cell base + p. llama.cpp picks cells itself (the
+//     first free ones from its head), so every cell no request holds belongs to a filler
 //     sequence of its region (filler position p in cell base + p), and a step frees exactly the cells its rows go
 //     to (the filler's or a recomputed row's stored copy); the batch lists them in cell order. A finished request's
 //     cells go back to its region's filler.
-//   - llama.cpp multiplies a ubatch of one token on another path than one of several. A step of one token (one
-//     request decoding) gets a throwaway second token in a scratch sequence of a scratch region.
+//   - llama.cpp multiplies a ubatch of one token on another path than one of several (without the fix below a
+//     request's greedy tokens alone differed from batched). A step of one token (one request decoding) gets a
+//     throwaway second token in a scratch sequence of a scratch region.
 // A stored block's cells must be in position order for its rows to land in cell base + p (llama.cpp writes a
 // sequence's state in cell order; LlamaCppFusion's blocks are); one that is not is refused like a corrupt one.
 //
@@ -104,8 +106,8 @@ class LlamaCppBatchEngine : public LlamaCppContext {
         region_cells_(options.region_cells),
         shape_{model_fingerprint(), num_layers(), block_bytes(1) / static_cast<std::size_t>(num_layers())} {
     kvfuse::detail::require(llama_model_n_swa(model_.get()) <= 0,
-                            "LlamaCppBatchEngine: '{}' has sliding-window layers (window {}): llama.cpp may reuse a cell "
-                            "its window hides, which the engine's cell layout does not allow (use LlamaCppFusion)",
+                            "LlamaCppBatchEngine: '{}' has sliding-window layers (window {}): llama.cpp may reuse a "
+                            "cell its window hides, which the engine's cell layout does not allow (use LlamaCppFusion)",
                             gguf.string(), llama_model_n_swa(model_.get()));
     region_of_.assign(regions_, 0);
     fill_cells();
