@@ -17,9 +17,9 @@
 //
 // Batched equals alone, bit for bit: a request's logits and tokens do not depend on the other requests of its
 // steps. Two things of llama.cpp's CPU path would make them depend on it, and the engine rules both out:
-//   - Attention runs over all n_kv cells, summed in SIMD blocks, masked cells adding exact zeros: a request's
-//     rows must sit in the same order and alignment as alone, which llama.cpp's own cell search does not keep
-//     when other requests hold cells. So each request owns a region of BatchOptions::region_cells cells (a
+//   - Attention runs over all n_kv cells, summed in SIMD blocks (masked cells add exact zeros), so where a
+//     request's cells sit can change its rounding, and llama.cpp's own cell search puts them wherever other
+//     requests left room. So each request owns a region of BatchOptions::region_cells cells (a
 //     multiple of 256: a margin over SIMD blocks; an offset of 8 cells changed nothing on the AVX-512 kernels
 //     measured, docs/llamacpp.md §4), its row at position p in cell base + p. llama.cpp picks cells itself (the
 //     first free ones from its head), so every cell no request holds belongs to a filler
