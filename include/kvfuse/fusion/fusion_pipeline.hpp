@@ -104,6 +104,8 @@ class FusionPipeline {
   [[nodiscard]] Store& store() const noexcept { return *store_; }
   [[nodiscard]] VariantCache& variants() noexcept { return variants_.cache(); }
   [[nodiscard]] const VariantCache& variants() const noexcept { return variants_.cache(); }
+  // The variants as a plan chooses from them (planner.hpp): for an engine that plans its own requests.
+  [[nodiscard]] VariantIndex variant_index() const { return variants_.index(); }
 
   [[nodiscard]] KVKey isolated_key(std::span<const token_id> chunk) const { return chunk_cache_key(shape_.model, chunk); }
 

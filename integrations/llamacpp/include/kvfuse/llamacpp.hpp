@@ -32,10 +32,8 @@
 //   - save_rows copies R's cells of rows r into a scratch sequence and saves that sequence's state; chunk_kv
 //     decodes the chunk alone in a scratch pair at positions first, first + 1, ... and saves it. Neither touches
 //     the request's sequences, so the pipeline may compute a chunk cache in the middle of assembling a request.
-//   - model_fingerprint() hashes every byte of the GGUF file together with what fixes the state layout (which
-//     llama.cpp source: KVFUSE_LLAMACPP_SOURCE_ID, set by the build to its sha256; the KV cache type, V
-//     transposed or not, swa_full, the measured state size): KV never crosses models, llama.cpp builds or
-//     layouts.
+//   - The stored block format, the fingerprint and the decode plumbing are LlamaCppContext's
+//     (llamacpp_context.hpp), shared with LlamaCppBatchEngine (llamacpp_batch.hpp).
 //
 // Also here, for a serving loop and the evaluation harness: greedy generation after the prompt, teacher-forced
 // logits over given tokens, and truncation back to the prompt. Thread safety: none; one LlamaCppFusion (like one
@@ -44,151 +42,40 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <functional>
-#include <limits>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <llama.h>
 
 #include "kvfuse/core/error.hpp"
-#include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
-
-#ifndef KVFUSE_LLAMACPP_SOURCE_ID
-#error "KVFUSE_LLAMACPP_SOURCE_ID names the llama.cpp source this is built against (the kvfuse::llamacpp target sets it)"
-#endif
+#include "kvfuse/llamacpp_context.hpp"
 
 namespace kvfuse::llamacpp {
 
-struct LlamaCppOptions {
-  int threads = 0;                // llama.cpp's n_threads and n_threads_batch; 0: the hardware's cores
-  std::uint32_t n_ctx = 8192;     // KV cells: the prompt, the rows being recomputed, a chunk cache, the answer
-  std::uint32_t n_batch = 512;    // tokens per llama_decode
-  std::uint32_t n_ubatch = 512;   // tokens per graph
-  // Scratch sequence pairs: blocks loaded but not yet at their positions, plus one for the block being read,
-  // saved or computed.
-  std::uint32_t max_pending = 8;
-  ggml_type kv_type = GGML_TYPE_F16;  // K and V cache type (part of the fingerprint: it changes the stored bytes)
-  // llama.cpp's flash attention. Off by default: the attention statistics (record_context) read the softmax
-  // llama.cpp computes without it; with it on they are refused with a named error.
-  bool flash_attention = false;
-  // Install llama.cpp's eval callback, which the attention statistics need (record_context: Cache-Craft's
-  // variants, prefix-cache entries). It has a price on every decode: with it, llama.cpp decoded one Gemma 3 token
-  // in 2.4 s instead of 0.03 s here. Off: the statistics are refused with a named error.
-  bool attention_statistics = true;
-  bool quiet = true;  // silence llama.cpp's log below errors
-};
-
-namespace detail {
-
-// XXH3 over every byte of a file (kvfuse/core/hash.hpp), read in 1 MiB blocks.
-[[nodiscard]] inline std::uint64_t file_hash(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  kvfuse::detail::require(in.good(), "LlamaCppFusion: cannot open '{}'", path.string());
-  std::vector<char> buf(std::size_t{1} << 20);
-  Xxh3Stream h;
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto got = static_cast<std::size_t>(in.gcount());
-    h.update(std::as_bytes(std::span(buf.data(), got)));
-  }
-  kvfuse::detail::require(in.eof(), "LlamaCppFusion: reading '{}' failed", path.string());
-  return h.digest();
-}
-
-inline void quiet_log(ggml_log_level level, const char* text, void*) {
-  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-}
-
-}  // namespace detail
-
-class LlamaCppFusion {
+class LlamaCppFusion : public LlamaCppContext {
  public:
   // Loads the GGUF with llama.cpp (mmap) and makes one context. Throws with the path and llama.cpp's refusal.
-  explicit LlamaCppFusion(const std::filesystem::path& gguf, LlamaCppOptions options = {}) : options_(options) {
-    kvfuse::detail::require(options_.max_pending >= 2 && options_.n_batch >= 1 && options_.n_ubatch >= 1 &&
-                                options_.n_ctx >= 16,
-                            "LlamaCppFusion: max_pending {}, n_batch {}, n_ubatch {}, n_ctx {} (need >= 2, >= 1, >= 1, "
-                            ">= 16)",
-                            options_.max_pending, options_.n_batch, options_.n_ubatch, options_.n_ctx);
-    if (options_.quiet) llama_log_set(detail::quiet_log, nullptr);
-    llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    model_.reset(llama_model_load_from_file(gguf.string().c_str(), mp));
-    kvfuse::detail::require(model_ != nullptr, "LlamaCppFusion: llama.cpp cannot load '{}'", gguf.string());
-    vocab_ = llama_model_get_vocab(model_.get());
-    n_vocab_ = llama_vocab_n_tokens(vocab_);
-    n_layer_ = llama_model_n_layer(model_.get());
-
-    llama_context_params cp = llama_context_default_params();
-    const int threads = options_.threads > 0 ? options_.threads
-                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    cp.n_ctx = options_.n_ctx;
-    cp.n_batch = options_.n_batch;
-    cp.n_ubatch = options_.n_ubatch;
-    cp.n_seq_max = kFirstScratch + 2 * options_.max_pending;
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.type_k = options_.kv_type;
-    cp.type_v = options_.kv_type;
-    cp.flash_attn_type = options_.flash_attention ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.swa_full = true;
-    cp.kv_unified = true;
-    cp.no_perf = true;
-    if (options_.attention_statistics) {
-      cp.cb_eval = &LlamaCppFusion::eval_callback;
-      cp.cb_eval_user_data = this;
-    }
-    ctx_.reset(llama_init_from_model(model_.get(), cp));
-    kvfuse::detail::require(ctx_ != nullptr, "LlamaCppFusion: llama.cpp cannot make a context for '{}' ({} cells)",
-                            gguf.string(), options_.n_ctx);
-    mem_ = llama_get_memory(ctx_.get());
-    kvfuse::detail::require(llama_memory_can_shift(mem_),
-                            "LlamaCppFusion: llama.cpp cannot shift the KV of '{}' (M-RoPE or a per-layer RoPE size): "
-                            "position-independent reuse needs it",
-                            gguf.string());
-    threads_ = threads;
-    const std::int32_t swa = llama_model_n_swa(model_.get());
-    window_ = swa > 0 ? swa : std::numeric_limits<llama_pos>::max();  // no window: one piece (positions are int32)
-    batch_ = llama_batch_init(static_cast<std::int32_t>(options_.n_batch), 0, 2);
+  explicit LlamaCppFusion(const std::filesystem::path& gguf, LlamaCppOptions options = {})
+      : LlamaCppContext(gguf, options,
+                        {kFirstScratch + 2 * options.max_pending, 2,
+                         options.attention_statistics ? &LlamaCppFusion::eval_callback : nullptr, this,
+                         "LlamaCppFusion"}) {
+    kvfuse::detail::require(options_.max_pending >= 2, "LlamaCppFusion: max_pending {} (need >= 2)",
+                            options_.max_pending);
     scratch_free_.assign(options_.max_pending, true);
     pending_.resize(options_.max_pending);
-
-    measure_block_layout();
-    const std::uint64_t layout[] = {static_cast<std::uint64_t>(options_.kv_type),
-                                    options_.flash_attention ? 1u : 0u,  // V transposed in the state without it
-                                    1u /* swa_full */, state_base_, state_per_row_};
-    fingerprint_ = xxh3(std::as_bytes(std::span(layout)),
-                        xxh3(std::as_bytes(std::span(std::string_view(KVFUSE_LLAMACPP_SOURCE_ID))),
-                             detail::file_hash(gguf)));
+    enable_eval();
   }
 
-  LlamaCppFusion(const LlamaCppFusion&) = delete;
-  LlamaCppFusion& operator=(const LlamaCppFusion&) = delete;
-  ~LlamaCppFusion() { llama_batch_free(batch_); }
-
-  // ---- FixedSetFusionBackend
-  [[nodiscard]] std::uint64_t model_fingerprint() const noexcept { return fingerprint_; }
-  [[nodiscard]] std::int64_t num_layers() const noexcept { return n_layer_; }
-  // A block is llama.cpp's sequence state of its rows, one state per piece of at most the sliding window's rows
-  // (save_range): per piece a fixed header, and the same bytes per cell (both measured once).
-  [[nodiscard]] std::size_t block_bytes(std::int64_t n) const noexcept {
-    const auto pieces = static_cast<std::size_t>(n <= 0 ? 0 : (n - 1) / window_ + 1);
-    return pieces * state_base_ + static_cast<std::size_t>(n) * state_per_row_;
-  }
-
+  // ---- FixedSetFusionBackend (model_fingerprint, num_layers, block_bytes: LlamaCppContext's)
   KVBlock chunk_kv(std::span<const token_id> tokens, std::int64_t first) {
     kvfuse::detail::require(!tokens.empty() && first >= 0, "LlamaCppFusion::chunk_kv: {} tokens at position {}",
                             tokens.size(), first);
@@ -389,22 +276,10 @@ class LlamaCppFusion {
     self.release_scratch(slot);
     return cells;
   }
-  // Rows per stored piece: the model's sliding window (2^31 − 1 without one).
-  [[nodiscard]] std::int64_t window() const noexcept { return window_; }
-  [[nodiscard]] llama_context* context() const noexcept { return ctx_.get(); }
-  [[nodiscard]] int threads() const noexcept { return threads_; }
-  [[nodiscard]] std::int64_t vocab_size() const noexcept { return n_vocab_; }
-
  private:
   // Sequence ids: the request R and its pin P, the staging sequence S and its pin Q, then scratch pairs.
   static constexpr llama_seq_id kRequest = 0, kRequestPin = 1, kStaging = 2, kStagingPin = 3, kFirstScratch = 4;
 
-  struct ModelDeleter {
-    void operator()(llama_model* m) const noexcept { llama_model_free(m); }
-  };
-  struct ContextDeleter {
-    void operator()(llama_context* c) const noexcept { llama_free(c); }
-  };
   struct Pending {
     TokenRange rows{};
     std::int64_t first = 0;  // position of the block's first row now
@@ -561,36 +436,9 @@ class LlamaCppFusion {
     return out;
   }
 
-  void fill_batch(std::span<const token_id> tokens, std::int64_t first, std::initializer_list<llama_seq_id> seqs,
-                  bool logits_all) {
-    batch_.n_tokens = static_cast<std::int32_t>(tokens.size());
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      batch_.token[i] = tokens[i];
-      batch_.pos[i] = static_cast<llama_pos>(first + static_cast<std::int64_t>(i));
-      batch_.n_seq_id[i] = static_cast<std::int32_t>(seqs.size());
-      std::copy(seqs.begin(), seqs.end(), batch_.seq_id[i]);
-      batch_.logits[i] = logits_all ? 1 : 0;
-    }
-  }
-
   void decode(std::string_view what, std::int64_t first, std::size_t m) {
-    const std::int32_t rc = llama_decode(ctx_.get(), batch_);
-    if (rc == 1)
-      throw error(fmt::format("LlamaCppFusion::{}: no room for {} tokens at position {} in a context of {} cells "
-                              "(LlamaCppOptions::n_ctx)",
-                              what, m, first, options_.n_ctx));
-    kvfuse::detail::require(rc == 0, "LlamaCppFusion::{}: llama_decode of {} tokens at position {} failed ({})", what,
-                            m, first, rc);
+    LlamaCppContext::decode(what, first, m);
     shift_pending_ = false;
-  }
-
-  std::vector<std::byte> save_sequence(llama_seq_id seq) {
-    std::vector<std::byte> bytes(llama_state_seq_get_size(ctx_.get(), seq));
-    const std::size_t wrote =
-        llama_state_seq_get_data(ctx_.get(), reinterpret_cast<std::uint8_t*>(bytes.data()), bytes.size(), seq);
-    kvfuse::detail::require(wrote == bytes.size() && !bytes.empty(),
-                            "LlamaCppFusion: llama.cpp saved {} of {} bytes of a sequence state", wrote, bytes.size());
-    return bytes;
   }
 
   // The block of rows at positions [lo, hi) of sequence `seq`: llama.cpp's state of a scratch sequence holding
@@ -615,31 +463,10 @@ class LlamaCppFusion {
     return bytes;
   }
 
-  // block_bytes(n) = base + n · per_row for n <= window_, from the state sizes of one and two decoded tokens.
-  void measure_block_layout() {
-    state_empty_ = llama_state_seq_get_size(ctx_.get(), kRequest);
-    const token_id t[2] = {0, 0};
-    decode_run(std::span<const token_id>(t, 1), 0, {kRequest, kRequestPin}, false);
-    const std::size_t one = llama_state_seq_get_size(ctx_.get(), kRequest);
-    decode_run(std::span<const token_id>(t + 1, 1), 1, {kRequest, kRequestPin}, false);
-    const std::size_t two = llama_state_seq_get_size(ctx_.get(), kRequest);
-    kvfuse::detail::require(two > one && one > state_empty_,
-                            "LlamaCppFusion: llama.cpp's sequence state does not grow with its cells ({}, {}, {} bytes)",
-                            state_empty_, one, two);
-    state_per_row_ = two - one;
-    state_base_ = one - state_per_row_;
-    llama_memory_clear(mem_, true);
-  }
-
   void check_range(TokenRange r, std::string_view who) const {
     kvfuse::detail::require(r.begin >= 0 && r.begin < r.end && r.end <= static_cast<std::int64_t>(tokens_.size()),
                             "LlamaCppFusion::{}: rows {} outside the {}-token prompt", who, r, tokens_.size());
   }
-  void check_logits(std::span<const float> logits, std::string_view who) const {
-    kvfuse::detail::require(static_cast<std::int64_t>(logits.size()) == n_vocab_,
-                            "LlamaCppFusion::{}: {} logits for a vocabulary of {}", who, logits.size(), n_vocab_);
-  }
-
   // llama.cpp's eval callback: during an attention-statistics prefill, reads each layer's softmax
   // ("kq_soft_max-<layer>", [n_kv][n_tokens][n_head], cells in position order in a new request's cache).
   static bool eval_callback(ggml_tensor* t, bool ask, void* user) {
@@ -674,19 +501,6 @@ class LlamaCppFusion {
       }
     s.rows_seen[static_cast<std::size_t>(layer)] += n_tok;
   }
-
-  LlamaCppOptions options_;
-  std::unique_ptr<llama_model, ModelDeleter> model_;
-  std::unique_ptr<llama_context, ContextDeleter> ctx_;
-  llama_memory_t mem_ = nullptr;
-  const llama_vocab* vocab_ = nullptr;
-  std::int32_t n_vocab_ = 0;
-  std::int64_t n_layer_ = 0;
-  int threads_ = 0;
-  llama_batch batch_{};
-  std::uint64_t fingerprint_ = 0;
-  std::size_t state_empty_ = 0, state_base_ = 0, state_per_row_ = 0;
-  std::int64_t window_ = 0;  // rows per stored piece: the sliding window (no limit without one)
 
   std::vector<token_id> tokens_;
   std::vector<bool> staged_;        // per row: in the staging sequence
