@@ -69,7 +69,9 @@
 namespace kvfuse::llamacpp {
 
 struct BatchOptions {
-  LlamaCppOptions llama{};             // n_ctx is set from the regions; n_ubatch is each step's token budget
+  // n_ubatch is each step's token budget; n_ctx is set from the regions; max_pending and attention_statistics
+  // are LlamaCppFusion's (unused here)
+  LlamaCppOptions llama{};
   std::uint32_t max_requests = 4;      // running at once (the rest wait for a region)
   std::uint32_t region_cells = 1024;   // cells of a request: its prompt and answer (a multiple of 256)
 };
