@@ -4,8 +4,9 @@
 # prefill's answer no larger than naive reuse's, mean over the prompts of each shape — or the correctness gate
 # (kvfuse-rag-eval --calibrated, calibrated on the last two questions of the data set, which the shapes do not use)
 # refuses that method's family for that model on that shape, or admits only a setting that is no worse than naive
-# reuse on the judged prompts. Every model whose file is present: SmolLM2, Gemma 3, Qwen2 (KVFUSE_FIDELITY_MODELS
-# picks). Shapes: five passages cut to 60 tokens (questions 0-1), six passages cut to 150 tokens (question 1).
+# reuse on the judged prompts. SmolLM2 and Gemma 3 when their files are present; KVFUSE_FIDELITY_MODELS picks others:
+# "qwen2" (passes: the gate refuses CacheBlend on the five-passage shape) takes about 19 CPU-minutes, too long for
+# the test command, and was run by hand (docs/fidelity.md). Shapes: five passages cut to 60 tokens (questions 0-1), six passages cut to 150 tokens (question 1).
 # docs/fidelity.md has the measurements. Skips (exit 77) without the dataset or without any of the models.
 set -euo pipefail
 bin=$1 data=$2
@@ -18,7 +19,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export KVFUSE_CACHE_DIR=$out/cache  # calibrations of this run only (the model files are given by path)
 ran=0
-for model in ${KVFUSE_FIDELITY_MODELS:-smollm2 gemma3 qwen2}; do
+for model in ${KVFUSE_FIDELITY_MODELS:-smollm2 gemma3}; do
   [[ -f ${files[$model]} ]] || { echo "$model: no model file ${files[$model]}, not checked"; continue; }
   for shape in "five 0 2 5 60" "six 1 1 6 150"; do
     read -r name start limit passages tokens <<<"$shape"
