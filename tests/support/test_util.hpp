@@ -6,17 +6,27 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <doctest/doctest.h>
 
 #include "kvfuse/core/status.hpp"
+#include "kvfuse/core/types.hpp"
 
 namespace kvfuse_test {
+
+// Tokens 1000, 1001, ...: n distinct ids for tests that need a prompt but not a model.
+inline std::vector<kvfuse::token_id> iota_tokens(std::int64_t n) {
+  std::vector<kvfuse::token_id> t(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<kvfuse::token_id>(1000 + i);
+  return t;
+}
 
 // max_i |a_i − b_i| in double; the sizes must match.
 inline double max_abs_diff(std::span<const float> a, std::span<const float> b) {

@@ -14,17 +14,14 @@
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/threaded_loader.hpp"
 
+#include "../support/test_util.hpp"
+
 using namespace kvfuse;
 
 namespace {
 
 using SimLoader = BidirectionalLoader<SimulatedCompute, SimulatedStore>;
-
-std::vector<token_id> iota_tokens(std::int64_t n) {
-  std::vector<token_id> t(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<token_id>(1000 + i);
-  return t;
-}
+using kvfuse_test::iota_tokens;
 
 // Store the first `stored_chunks` prefix chunks of `tokens` (no bytes; the simulated store costs tokens).
 template <class Store>

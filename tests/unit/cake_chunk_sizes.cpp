@@ -11,17 +11,14 @@
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/chunk_sizes.hpp"
 
+#include "../support/test_util.hpp"
+
 using namespace kvfuse;
 
 namespace {
 
 using SimLoader = BidirectionalLoader<SimulatedCompute, SimulatedStore>;
-
-std::vector<token_id> iota_tokens(std::int64_t n) {
-  std::vector<token_id> t(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<token_id>(1000 + i);
-  return t;
-}
+using kvfuse_test::iota_tokens;
 
 // A CPU-like engine: a fixed cost per forward pass, a per-token cost that grows with position (attention).
 struct Engine {

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+
+#include "passages.hpp"
 #include <unistd.h>
 
 #include "kvfuse/backend/disk_kv_store.hpp"
@@ -44,15 +46,7 @@ RealPrompt rag_prompt(const std::filesystem::path& model, std::vector<std::strin
   return {p.tokens, p.layout()};
 }
 
-const std::vector<std::string> kPassages = {
-    "The opera Rusalka was composed by Antonin Dvorak, who was born in Nelahozeves, in what is now the Czech "
-    "Republic. He spent most of his life in Prague and a few years in New York.",
-    "Prague is the capital and largest city of the Czech Republic. The Vltava river flows through the city, "
-    "crossed by the Charles Bridge and many others.",
-    "Bohemia is a historical region in the west of the Czech Republic. Its rivers drain into the Elbe, which "
-    "flows north into Germany and reaches the North Sea at Hamburg.",
-    "Vienna lies on the Danube. The river flows east from the Black Forest through Austria, Slovakia and Hungary "
-    "to the Black Sea."};
+using kvfuse_llamacpp_test::kPassages;
 
 // Relative L2 distance of two logit vectors.
 double rel_error(const std::vector<float>& a, const std::vector<float>& b) {

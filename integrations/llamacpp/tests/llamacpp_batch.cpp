@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include "passages.hpp"
+
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/llamacpp.hpp"
@@ -30,15 +32,7 @@ using kvfuse::llamacpp::LlamaCppFusion;
 using kvfuse_test::RealModel;
 using Engine = kvfuse::llamacpp::LlamaCppBatchEngine<kvfuse::InMemoryKVStore>;
 
-const std::vector<std::string> kPassages = {
-    "The opera Rusalka was composed by Antonin Dvorak, who was born in Nelahozeves, in what is now the Czech "
-    "Republic. He spent most of his life in Prague and a few years in New York.",
-    "Prague is the capital and largest city of the Czech Republic. The Vltava river flows through the city, "
-    "crossed by the Charles Bridge and many others.",
-    "Bohemia is a historical region in the west of the Czech Republic. Its rivers drain into the Elbe, which "
-    "flows north into Germany and reaches the North Sea at Hamburg.",
-    "Vienna lies on the Danube. The river flows east from the Black Forest through Austria, Slovakia and Hungary "
-    "to the Black Sea."};
+using kvfuse_llamacpp_test::kPassages;
 
 BatchRequest rag_request(const std::filesystem::path& model, std::vector<std::string> passages,
                          kvfuse::FusionMethod method) {
