@@ -27,3 +27,27 @@ function(kvfuse_cuda_options target)
     $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -lineinfo -Xcompiler=-Wall,-Wextra>
     $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${KVFUSE_WERROR}>>:-Werror=all-warnings -Xcompiler=-Werror>)
 endfunction()
+
+# kvfuse_unity_groups(<target> <sources...> HEAVY <names...>): compiles a test binary's files as a few unity
+# translation units instead of one per file. Each file that includes the CPU backend compiles its forward pass
+# again (about a minute at -O3 on two cores), so the files named after HEAVY (file names without extension)
+# go into two groups, the rest into a third; main.cpp stays on its own. Each test file's body is in a namespace
+# of its own, so the files do not see each other's helpers. -DKVFUSE_UNITY_TESTS=OFF compiles file by file.
+function(kvfuse_unity_groups target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "HEAVY")
+  if(NOT KVFUSE_UNITY_TESTS)
+    return()
+  endif()
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+  set(i 0)
+  foreach(src IN LISTS arg_UNPARSED_ARGUMENTS)
+    get_filename_component(name ${src} NAME_WE)
+    if(name IN_LIST arg_HEAVY)
+      math(EXPR half "${i} % 2")
+      set_source_files_properties(${src} PROPERTIES UNITY_GROUP heavy_${half})
+      math(EXPR i "${i} + 1")
+    else()
+      set_source_files_properties(${src} PROPERTIES UNITY_GROUP light)
+    endif()
+  endforeach()
+endfunction()

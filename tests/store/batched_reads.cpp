@@ -25,6 +25,9 @@
 #include "support/error_of.hpp"
 #include "support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_batched_reads {
+
 using kvfuse::DiskKVStore;
 using kvfuse::InMemoryKVStore;
 using kvfuse::KVBlock;
@@ -316,3 +319,5 @@ TEST_CASE("DiskKVStore throws Status::store_unavailable for I/O failures and inv
   DiskKVStore fresh(tmp.path / "fresh");
   CHECK(code_of([&] { fresh.put(key, KVBlock{-1, {}, 0}); }) == Status::invalid_argument);
 }
+
+}  // namespace store_batched_reads

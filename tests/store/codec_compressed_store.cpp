@@ -25,6 +25,9 @@
 #include "../support/error_of.hpp"
 #include "../support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_codec_compressed_store {
+
 using kvfuse::Codec;
 using kvfuse::CodecOptions;
 using kvfuse::CompressedKVStore;
@@ -401,3 +404,5 @@ TEST_CASE("CompressedKVStore: one reader thread next to one writer thread (the K
   CHECK(store.stats().puts == rounds * 4);
   CHECK(store.stats().gets == hits);
 }
+
+}  // namespace store_codec_compressed_store

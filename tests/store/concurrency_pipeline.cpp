@@ -26,6 +26,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_concurrency_pipeline {
+
 using namespace kvfuse;
 using kvfuse_test::assemble;
 using kvfuse_test::chunk_tokens;
@@ -175,3 +178,5 @@ TEST_CASE("64 concurrent requests on five pipelines over one tiered store: each 
   // dropped at its next Cache-Craft run.
   for (int i = 3; i < 5; ++i) CHECK(pipelines[static_cast<std::size_t>(i)]->variants().size() <= 2);
 }
+
+}  // namespace store_concurrency_pipeline

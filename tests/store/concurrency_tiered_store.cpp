@@ -18,6 +18,9 @@
 
 #include "../support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_concurrency_tiered_store {
+
 using namespace kvfuse;
 
 namespace {
@@ -187,3 +190,5 @@ TEST_CASE("64 threads on one write-back TieredKVStore with a flushing thread: th
     CHECK(on_disk->bytes == content_of(k).bytes);
   }
 }
+
+}  // namespace store_concurrency_tiered_store

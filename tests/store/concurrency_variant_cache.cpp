@@ -13,6 +13,9 @@
 
 #include "kvfuse/cache/variant_cache.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_concurrency_variant_cache {
+
 using namespace kvfuse;
 
 TEST_CASE("32 threads on one VariantCache: consistent counts, never over capacity, unique KV keys") {
@@ -76,3 +79,5 @@ TEST_CASE("32 threads on one VariantCache: consistent counts, never over capacit
   for (const VariantEntry& v : entries) keys.insert(v.kv.content);
   CHECK(keys.size() == entries.size());
 }
+
+}  // namespace store_concurrency_variant_cache

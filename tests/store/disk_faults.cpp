@@ -29,6 +29,9 @@
 
 #include "support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_disk_faults {
+
 using kvfuse::DiskKVStore;
 using kvfuse::KVBlock;
 using kvfuse::KVKey;
@@ -186,3 +189,5 @@ TEST_CASE("a read-only store directory: puts fail with kvfuse::error (store_unav
   fs::permissions(tmp.path, fs::perms::owner_all);
   CHECK(count_suffix(tmp.path, ".tmp") == 0);
 }
+
+}  // namespace store_disk_faults

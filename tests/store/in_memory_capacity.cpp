@@ -16,6 +16,9 @@
 
 #include "support/error_of.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_in_memory_capacity {
+
 using kvfuse::InMemoryKVStore;
 using kvfuse::KVBlock;
 using kvfuse::KVKey;
@@ -85,3 +88,5 @@ TEST_CASE("in_memory_capacity: a capacity of zero or less is refused, naming the
   CHECK(kvfuse_test::code_of([] { InMemoryKVStore store(0); }) == kvfuse::Status::invalid_argument);
   CHECK(kvfuse_test::error_of([] { InMemoryKVStore store(-5); }).find("-5") != std::string::npos);
 }
+
+}  // namespace store_in_memory_capacity

@@ -18,6 +18,9 @@
 #include "support/model_path.hpp"
 #include "support/redis_server.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_redis_cluster {
+
 using kvfuse::KVBlock;
 using kvfuse::KVBlockInfo;
 using kvfuse::KVKey;
@@ -285,3 +288,5 @@ TEST_CASE("RedisKVStore cluster: no reachable seed: misses that name the slot ma
   }
   CHECK(store.unavailable() == 3);
 }
+
+}  // namespace store_redis_cluster

@@ -17,6 +17,9 @@
 #include "support/model_path.hpp"
 #include "support/redis_server.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_redis_concurrency {
+
 using kvfuse::KVBlock;
 using kvfuse::KVBlockInfo;
 using kvfuse::KVKey;
@@ -116,3 +119,5 @@ TEST_CASE("RedisKVStore: 16 threads get, put, get_many and get_range shared keys
   CHECK(store.last_rejection().empty());
   CHECK(store.last_error().empty());
 }
+
+}  // namespace store_redis_concurrency

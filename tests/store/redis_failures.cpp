@@ -16,6 +16,9 @@
 #include "support/model_path.hpp"
 #include "support/redis_server.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_redis_failures {
+
 using kvfuse::KVBlock;
 using kvfuse::KVKey;
 using kvfuse::RedisKVStore;
@@ -209,3 +212,5 @@ TEST_CASE("RedisKVStore: put and erase throw Status::store_unavailable for a ser
     CHECK(code_of([&] { store.put(key, KVBlock{-1, {}, 0}); }) == Status::invalid_argument);
   }
 }
+
+}  // namespace store_redis_failures

@@ -39,6 +39,9 @@
 #include "support/small_llama.hpp"
 #include "support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_redis_pipeline_faults {
+
 using namespace kvfuse;
 using kvfuse_test::Prompt;
 using kvfuse_test::RedisServer;
@@ -555,3 +558,7 @@ TEST_CASE("Redis restarted empty after a kill: the store reconnects after the ba
   CHECK(redis.unavailable() == unavailable);
   CHECK(redis.rejected() == 0);
 }
+
+#undef KVFUSE_NEEDS_REDIS
+
+}  // namespace store_redis_pipeline_faults

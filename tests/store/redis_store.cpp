@@ -22,6 +22,9 @@
 #include "support/model_path.hpp"
 #include "support/redis_server.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_redis_store {
+
 using kvfuse::KVBlock;
 using kvfuse::KVBlockInfo;
 using kvfuse::KVKey;
@@ -532,3 +535,5 @@ TEST_CASE("redis_key_slot: CRC16-XMODEM mod 16384 with hash tags") {
   CHECK(kvfuse::redis_key_slot("foo{bar") == kvfuse::redis_key_slot(std::string_view("foo{bar")));
   CHECK(kvfuse::redis_key_slot("") == 0);
 }
+
+}  // namespace store_redis_store

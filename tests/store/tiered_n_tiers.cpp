@@ -18,6 +18,9 @@
 #include "../support/error_of.hpp"
 #include "../support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_tiered_n_tiers {
+
 using namespace kvfuse;
 using kvfuse_test::error_of;
 namespace fs = std::filesystem;
@@ -257,3 +260,5 @@ TEST_CASE("tier names and costs: defaults, configured, and bad configurations na
   config.tiers = {{"dram", 1.0}, {"ssd", -2.0}};
   CHECK(contains_text(error_of([&] { TieredKVStore x(config, a, b); }), "tier 'ssd' cost_per_gb = -2"));
 }
+
+}  // namespace store_tiered_n_tiers

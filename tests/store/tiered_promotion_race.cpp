@@ -18,6 +18,9 @@
 
 #include "../support/test_util.hpp"
 
+// Each store test file lives in its own namespace: the files are compiled together (a unity build).
+namespace store_tiered_promotion_race {
+
 using namespace kvfuse;
 
 namespace {
@@ -82,3 +85,5 @@ TEST_CASE("an erase racing promoting gets: the key never comes back (memory over
   TieredKVStore tiered(memory, disk);
   CHECK(resurrections(tiered, memory, disk, 150) == 0);
 }
+
+}  // namespace store_tiered_promotion_race

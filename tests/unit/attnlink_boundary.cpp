@@ -7,6 +7,9 @@
 
 #include "kvfuse/select/attnlink_boundary.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_attnlink_boundary {
+
 using kvfuse::AttnLinkBoundary;
 using kvfuse::AttnLinkChunkSelection;
 using kvfuse::AttnLinkConfig;
@@ -232,3 +235,5 @@ TEST_CASE("AttnLink property: per-token definition over random layouts") {
     CHECK(from_ranges == expected);
   }
 }
+
+}  // namespace unit_attnlink_boundary

@@ -21,6 +21,9 @@
 #include "../support/model_path.hpp"
 #include "../support/small_llama.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_batch_engine {
+
 using namespace kvfuse;
 using kvfuse_test::assemble;
 using kvfuse_test::chunk_tokens;
@@ -417,3 +420,5 @@ TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer
     MESSAGE(method << ": " << tok.decode(got.at(1), false) << " | " << tok.decode(got.at(2), false));
   }
 }
+
+}  // namespace unit_batch_engine

@@ -21,6 +21,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_batch_engine_cake {
+
 using namespace kvfuse;
 
 namespace {
@@ -331,3 +334,5 @@ TEST_CASE("CpuBatchEngine with measured speeds: a Cake request computes at most 
     CHECK(run.tokens.at(1) == alone(model, requests[0]));
   }
 }
+
+}  // namespace unit_batch_engine_cake

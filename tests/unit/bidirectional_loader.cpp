@@ -16,6 +16,9 @@
 
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_bidirectional_loader {
+
 using namespace kvfuse;
 
 namespace {
@@ -509,3 +512,5 @@ TEST_CASE("CakeRace: after one wait, the idle budget left still gates later chun
   CHECK(race.decide_compute(19.9, 13.5, r) == detail::CakeRace::Decision::wait);
   CHECK(race.decide_compute(20.0, 13.5, r) == detail::CakeRace::Decision::start);
 }
+
+}  // namespace unit_bidirectional_loader

@@ -13,6 +13,9 @@
 
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_cake_chunk_sizes {
+
 using namespace kvfuse;
 
 namespace {
@@ -199,3 +202,5 @@ TEST_CASE("at the chosen sizes Cake is within 5 % of the best static split and 2
       }
   MESSAGE("worst Cake / best static split ", worst_split, ", worst Cake / better single resource ", worst_single);
 }
+
+}  // namespace unit_cake_chunk_sizes

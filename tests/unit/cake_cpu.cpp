@@ -16,6 +16,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_cake_cpu {
+
 using namespace kvfuse;
 
 namespace {
@@ -89,3 +92,5 @@ TEST_CASE("real model: Cake on SmolLM2 with a disk store behind a throttled link
   // SmolLM2's fp32 KV is 46 kB per token: a 32-token chunk is 1.5 MB, about 75 ms at 20 MB/s.
   check_cake_equals_full_prefill(model, tokens, 128, {64, 32}, {20.0, 1.0});
 }
+
+}  // namespace unit_cake_cpu

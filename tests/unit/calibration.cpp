@@ -18,6 +18,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_calibration {
+
 using namespace kvfuse;
 using kvfuse_test::error_of;
 
@@ -196,3 +199,5 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
   CHECK(error_of([&] { (void)eval::load_calibration(dir.path / "absent", 0x1234, "attnlink", budget, 99); })
             .find("cannot open") != std::string::npos);
 }
+
+}  // namespace unit_calibration

@@ -8,6 +8,9 @@
 
 #include "kvfuse/select/cci_scorer.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_cci_scorer {
+
 using kvfuse::ChunkAttention;
 using kvfuse::ChunkProfile;
 using kvfuse::ChunkScore;
@@ -372,3 +375,5 @@ TEST_CASE("cci: bad input throws kvfuse::error naming the value") {
   CHECK_THROWS_WITH_AS((void)scorer.score(p, Ids{}), doctest::Contains("ranking entry 1 is out of [0, 2) or repeated"),
                        error);
 }
+
+}  // namespace unit_cci_scorer

@@ -18,6 +18,9 @@
 #include "kvfuse/detail/ggml_quant.hpp"
 #include "../support/small_llama.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_cpu_kernels {
+
 namespace {
 
 namespace d = kvfuse::detail;
@@ -217,3 +220,5 @@ TEST_CASE("CpuLlama on Q8_0 weights equals CpuLlama on their fp32 dequantization
   CHECK(pa.kv.k == pb.kv.k);
   CHECK(pa.kv.v == pb.kv.v);
 }
+
+}  // namespace unit_cpu_kernels

@@ -31,6 +31,9 @@
 #include "kvfuse/backend/cpu_llama.hpp"
 #include "kvfuse/model/gguf.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_cpu_llama {
+
 using kvfuse::CpuLlama;
 using kvfuse::CpuLlamaSession;
 using kvfuse::LayerReport;
@@ -923,3 +926,5 @@ TEST_CASE("detail::WorkerPool runs every iteration once, rethrows, and runs nest
   kvfuse::detail::WorkerPool lone(1);
   CHECK(lone.size() == 1);
 }
+
+}  // namespace unit_cpu_llama

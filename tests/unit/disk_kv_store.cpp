@@ -31,6 +31,9 @@
 
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_disk_kv_store {
+
 using kvfuse::DiskKVStore;
 using kvfuse::InMemoryKVStore;
 using kvfuse::KVBlock;
@@ -552,3 +555,5 @@ TEST_CASE("InMemoryKVStore::get_range refuses an entry replaced or erased since 
   memory.erase(key);
   CHECK_FALSE(memory.get_range(key, *fresh, 0, 64).has_value());
 }
+
+}  // namespace unit_disk_kv_store

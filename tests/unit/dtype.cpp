@@ -13,6 +13,9 @@
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/status.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_dtype {
+
 using kvfuse::bf16;
 using kvfuse::DType;
 using kvfuse::f16;
@@ -120,3 +123,5 @@ TEST_CASE("refuse records a message naming the bad value and returns the status"
   CHECK(std::string_view(kvfuse::last_status_message()) == "rope: head_dim 96 is not 64, 128 or 256");
   CHECK(std::string_view(kvfuse::status_string(kvfuse::Status::invalid_argument)) == "invalid argument");
 }
+
+}  // namespace unit_dtype

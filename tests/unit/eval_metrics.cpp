@@ -9,6 +9,9 @@
 
 #include "kvfuse/eval/metrics.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_eval_metrics {
+
 using kvfuse::eval::answer_tokens;
 using kvfuse::eval::exact_match;
 using kvfuse::eval::kl_divergence;
@@ -188,3 +191,5 @@ TEST_CASE("teacher_forced: mean KL and top-1 agreement over an answer's tokens; 
                        doctest::Contains("3 reference distributions but 2"), kvfuse::error);
   CHECK_THROWS_AS((void)kvfuse::eval::teacher_forced({}, {}), kvfuse::error);
 }
+
+}  // namespace unit_eval_metrics

@@ -16,6 +16,9 @@
 
 #include "../support/error_of.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_focused_chunk_detector {
+
 namespace {
 
 using kvfuse::FocusedChunkConfig;
@@ -330,3 +333,5 @@ TEST_CASE("FocusedChunkDetector: bad config and bad input throw kvfuse::error na
   CHECK_FALSE(d.observe(0, ok));
   CHECK(d.trace()[0].cumulative == std::vector<double>{0.5, 0.25, 0.25});
 }
+
+}  // namespace unit_focused_chunk_detector

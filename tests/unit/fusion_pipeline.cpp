@@ -28,6 +28,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_fusion_pipeline {
+
 using namespace kvfuse;
 using kvfuse_test::error_of;
 using kvfuse_test::assemble;
@@ -613,3 +616,5 @@ TEST_CASE("chunk caches stored as bf16 / f16: half the bytes, keys of their own,
     CHECK(pipeline.run(p.tokens, p.layout, NaiveReuse{}).rejected_entries == 1);
   }
 }
+
+}  // namespace unit_fusion_pipeline

@@ -32,6 +32,9 @@
 #include "../support/model_path.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_gemma3 {
+
 using kvfuse::CpuLlama;
 using kvfuse::CpuLlamaSession;
 using kvfuse::LlamaArchitecture;
@@ -711,3 +714,5 @@ TEST_CASE("real model: gemma3 270M loads, reads its local / global layers, and c
   CHECK(diff(chunked, full.logits).rounding());
   CHECK(diff(flat_kv(kv), flat_kv(full.kv)).rounding());
 }
+
+}  // namespace unit_gemma3

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_ggml_quant {
+
 namespace q = kvfuse::detail;
 using kvfuse::GGMLType;
 using kvfuse::ggml_type_traits;
@@ -459,3 +462,5 @@ TEST_CASE("every dequantizable type matches the Python gguf package bit for bit 
   }
   CHECK(types_checked == 13);
 }
+
+}  // namespace unit_ggml_quant

@@ -24,6 +24,9 @@
 #include <type_traits>
 #include <vector>
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_gguf {
+
 using kvfuse::GGMLType;
 using kvfuse::GGUFArray;
 using kvfuse::GGUFFile;
@@ -768,3 +771,5 @@ TEST_CASE("real model: GGUF: the SmolLM2-135M-Instruct file matches the Python g
   CHECK(f32 == 61);
   CHECK(q8_0 == 1);
 }
+
+}  // namespace unit_gguf

@@ -14,6 +14,9 @@
 #include "kvfuse/detail/topk.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_hkvd_selector {
+
 using kvfuse::HKVDConfig;
 using kvfuse::HKVDSelector;
 using kvfuse::PromptLayout;
@@ -436,3 +439,5 @@ TEST_CASE("HKVDSelector::select validates the set and the deviations") {
   CHECK_THROWS_WITH_AS((void)sel.select(3, all, dev), doctest::Contains("layer 3"), kvfuse::error);
   CHECK_THROWS_WITH_AS((void)sel.is_reusable(10), doctest::Contains("[10, 11)"), kvfuse::error);
 }
+
+}  // namespace unit_hkvd_selector

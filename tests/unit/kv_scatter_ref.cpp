@@ -14,6 +14,9 @@
 
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_kv_scatter_ref {
+
 using kvfuse::DType;
 using kvfuse::KVCacheLayout;
 using kvfuse::KVGatherArgs;
@@ -334,3 +337,5 @@ TEST_CASE("ref::kv_gather refuses a bad slot and overlapping destination rows") 
   CHECK(kvfuse::ref::kv_gather(g) == Status::success);
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 2.0f; }));
 }
+
+}  // namespace unit_kv_scatter_ref

@@ -10,6 +10,9 @@
 
 #include "kvfuse/split/kv_split.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_kv_split {
+
 using kvfuse::BoundaryCut;
 using kvfuse::KVSplit;
 using kvfuse::KVSplitConfig;
@@ -246,3 +249,5 @@ TEST_CASE("split_long_chunks: only chunks longer than chunk_size are cut, in pla
   const kvfuse::PromptLayout same = kvfuse::split_long_chunks(layout, kvfuse::KVSplit({/*chunk_size=*/25}));
   CHECK(same.chunks.size() == layout.chunks.size());
 }
+
+}  // namespace unit_kv_split

@@ -21,6 +21,9 @@
 #include "../support/test_util.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_kv_topk_ref {
+
 using kvfuse::DType;
 using kvfuse::KVDeviationArgs;
 using kvfuse::Status;
@@ -502,3 +505,5 @@ TEST_CASE("hkvd_select refuses what HKVDSelector refuses, naming the value") {
   CHECK(kvfuse::ref::hkvd_select(a) == Status::success);  // empty S_l: empty S_{l+1}
   CHECK(count == 0);
 }
+
+}  // namespace unit_kv_topk_ref

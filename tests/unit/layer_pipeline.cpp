@@ -22,6 +22,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_layer_pipeline {
+
 using namespace kvfuse;
 using kvfuse_test::assemble;
 using kvfuse_test::chunk_tokens;
@@ -386,3 +389,5 @@ TEST_CASE("on a tiered store the loading controller places new entries in the ch
     CHECK_FALSE(in_memory);  // placed in the cheap tier only
   }
 }
+
+}  // namespace unit_layer_pipeline

@@ -7,6 +7,9 @@
 
 #include "kvfuse/schedule/loading_controller.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_loading_controller {
+
 using kvfuse::LoadingController;
 using kvfuse::LoadingControllerConfig;
 using kvfuse::LoadingRequest;
@@ -213,3 +216,5 @@ TEST_CASE("LoadingController rejects bad inputs and names them") {
                        doctest::Contains("device list is empty"), kvfuse::error);
   CHECK_THROWS_WITH_AS((void)ctl.choose_device(kSmall, kTiers, 1.2), doctest::Contains("ratio 1.2"), kvfuse::error);
 }
+
+}  // namespace unit_loading_controller

@@ -19,6 +19,9 @@
 #include "../support/fusion_prompts.hpp"
 #include "../support/small_llama.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_paged_batch {
+
 using namespace kvfuse;
 using kvfuse_example::PagedBatchEngine;
 using kvfuse_test::assemble;
@@ -163,3 +166,5 @@ TEST_CASE("PagedBatchEngine: one request's failed read leaves the others unchang
   for (std::uint64_t id : {first, failing, third}) engine.finish(id);
   CHECK(engine.free_pages() == 16);
 }
+
+}  // namespace unit_paged_batch

@@ -10,6 +10,9 @@
 #include "kvfuse/select/hkvd_selector.hpp"
 #include "kvfuse/select/query_aware_selector.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_policy_invariants {
+
 using namespace kvfuse;
 
 namespace {
@@ -133,3 +136,5 @@ TEST_CASE_TEMPLATE("KVStore models: put, get, replace, erase, keys carry the mod
   CHECK_FALSE(store.erase(key));
   CHECK_FALSE(store.contains(key));
 }
+
+}  // namespace unit_policy_invariants

@@ -10,6 +10,9 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/schedule/preload_planner.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_preload_planner {
+
 namespace {
 
 using kvfuse::PreloadConfig;
@@ -166,3 +169,5 @@ TEST_CASE("PreloadPlanner: bad config and depth throw kvfuse::error naming the v
   CHECK_THROWS_WITH_AS((void)planner.plan(6),
                        doctest::Contains("depth = 6 must be in [1, num_layers = 5]"), kvfuse::error);
 }
+
+}  // namespace unit_preload_planner

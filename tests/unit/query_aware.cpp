@@ -17,6 +17,9 @@
 #include "../support/small_llama.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_query_aware {
+
 using namespace kvfuse;
 using kvfuse_test::assemble;
 using kvfuse_test::diff;
@@ -133,3 +136,5 @@ TEST_CASE("queryaware with r = 1 recomputes everything: full prefill up to float
     }
   }
 }
+
+}  // namespace unit_query_aware

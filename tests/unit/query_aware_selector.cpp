@@ -18,6 +18,9 @@
 
 #include "../support/error_of.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_query_aware_selector {
+
 using namespace kvfuse;
 using kvfuse_test::error_of;
 
@@ -196,3 +199,5 @@ TEST_CASE("QueryAware's schedule: layer 0 computes every row, check layers ask f
   static_assert(needs_per_layer_backend<QueryAware> && needs_per_layer_backend<CacheBlend>);
   static_assert(!needs_per_layer_backend<AttnLink>);
 }
+
+}  // namespace unit_query_aware_selector

@@ -43,6 +43,9 @@
 #include "../support/model_path.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_qwen2 {
+
 using kvfuse::CpuLlama;
 using kvfuse::LlamaArchitecture;
 using kvfuse::LlamaConfig;
@@ -513,3 +516,5 @@ TEST_CASE("real model: qwen2: the fusion loop at 100 % recompute is full prefill
     else CHECK(kl < naive_kl);
   }
 }
+
+}  // namespace unit_qwen2

@@ -14,6 +14,9 @@
 #include "kvfuse/detail/rope.hpp"
 #include "kvfuse/ref/rope.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_rope {
+
 using kvfuse::RopeFrequencyConfig;
 using kvfuse::RopePairing;
 using kvfuse::RopeScaling;
@@ -220,3 +223,5 @@ TEST_CASE("interleaved pairing on GGUF-permuted vectors equals half-split pairin
     CHECK(b[static_cast<std::size_t>(2 * i + 1)] == a[static_cast<std::size_t>(i + d / 2)]);
   }
 }
+
+}  // namespace unit_rope

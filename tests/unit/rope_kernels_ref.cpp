@@ -16,6 +16,9 @@
 #include "../support/rope_test_util.hpp"
 #include "../support/test_util.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_rope_kernels_ref {
+
 using kvfuse::DType;
 using kvfuse::Status;
 using kvfuse::RopePairing;
@@ -594,3 +597,5 @@ TEST_CASE("rope_frequencies: partial rotary, unknown scaling and bad values are 
     CHECK(message_has(std::string("\"") + name + "\""));
   }
 }
+
+}  // namespace unit_rope_kernels_ref

@@ -3,6 +3,9 @@
 
 #include "kvfuse/backend/simulated.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_simulated_backends {
+
 using namespace kvfuse;
 
 TEST_CASE("ComputeCostModel: chunk i costs a + b*i, partial chunks their token fraction") {
@@ -61,3 +64,5 @@ TEST_CASE("SimulatedCompute refuses to compute before the prefix is resident") {
   CHECK(compute.resident_prefix() == 12);
   CHECK_THROWS_WITH_AS(compute.install_kv({12, 14}, KVBlock{3, {}}), doctest::Contains("block of 3 tokens"), error);
 }
+
+}  // namespace unit_simulated_backends

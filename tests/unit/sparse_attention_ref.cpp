@@ -18,6 +18,9 @@
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/ref/sparse_attention.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_sparse_attention_ref {
+
 using kvfuse::DType;
 using kvfuse::SparseAttentionArgs;
 using kvfuse::Status;
@@ -662,3 +665,5 @@ TEST_CASE("attention_softmax_row (the CPU backend's softmax): fp64 two-pass soft
   CHECK(kvfuse::detail::attention_softmax_row(none.data(), 5) == -kInf);
   for (const float p : none) CHECK(p == 0.0f);
 }
+
+}  // namespace unit_sparse_attention_ref

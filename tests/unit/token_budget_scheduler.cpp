@@ -3,6 +3,9 @@
 
 #include "kvfuse/schedule/token_budget_scheduler.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_token_budget_scheduler {
+
 using namespace kvfuse;
 
 TEST_CASE("decode first, then plain prefill FCFS, then the cached-prefix (Cake) prefill") {
@@ -44,3 +47,5 @@ TEST_CASE("bad input is refused") {
   const std::vector<PrefillRequest> bad{{9, -1, false}};
   CHECK_THROWS_WITH_AS((void)TokenBudgetScheduler().plan_step({}, bad), doctest::Contains("request 9 has -1"), error);
 }
+
+}  // namespace unit_token_budget_scheduler

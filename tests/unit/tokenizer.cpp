@@ -23,6 +23,9 @@
 #include "kvfuse/model/gguf.hpp"
 #include "kvfuse/model/tokenizer.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_tokenizer {
+
 using kvfuse::BPETokenizer;
 using kvfuse::ChatMessage;
 using kvfuse::ChatTemplate;
@@ -452,3 +455,5 @@ TEST_CASE("real model: SmolLM2 vocabulary: exact ids of Hugging Face tokenizers 
   CHECK(chats >= 5);
   CHECK(rags == 1);
 }
+
+}  // namespace unit_tokenizer

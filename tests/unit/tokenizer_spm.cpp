@@ -25,6 +25,9 @@
 #include "kvfuse/model/gguf.hpp"
 #include "kvfuse/model/tokenizer.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_tokenizer_spm {
+
 using kvfuse::Tokenizer;
 using kvfuse::token_id;
 using kvfuse::TokenizerVocab;
@@ -449,3 +452,5 @@ TEST_CASE("real model: Gemma 3 vocabulary: exact ids and text of llama.cpp on tr
   CHECK(eogs == 1);
   CHECK(byte_fallbacks > 0);  // the cases include characters Gemma 3 has no token for
 }
+
+}  // namespace unit_tokenizer_spm

@@ -9,6 +9,9 @@
 
 #include "kvfuse/cache/variant_cache.hpp"
 
+// Each unit test file lives in its own namespace: the files are compiled together (a unity build).
+namespace unit_variant_cache {
+
 using kvfuse::ChunkProfile;
 using kvfuse::KVKey;
 using kvfuse::TokenSet;
@@ -349,3 +352,5 @@ TEST_CASE("variant cache: erase removes one variant, its KV key and, with the la
   CHECK_FALSE(cache.contains(kX));
   CHECK(cache.size() == 0);
 }
+
+}  // namespace unit_variant_cache
