@@ -1,26 +1,36 @@
 // kvfuse-server: an OpenAI-compatible RAG server on kvfuse's batched CPU engine (CpuBatchEngine: continuous
-// batching, decodes first within Cake's token budget, kvfuse's chunk-cache fusion through request-keyed hooks).
+// batching, decodes first within Cake's token budget, kvfuse's chunk-cache fusion through request-keyed hooks), or
+// on llama.cpp (--engine llamacpp: LlamaCppBatchEngine, several requests per llama_decode, fixed-set methods).
 // The content parts of a message are chunks whose KV is stored once and reused at any position (chat_request.hpp);
 // docs/server.md describes the API, the chunks, the errors and the metrics.
 //
-//   kvfuse-server [--model smollm2|gemma3|GGUF] [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
+//   kvfuse-server [--model smollm2|gemma3|qwen2|GGUF] [--engine cpu|llamacpp]
+//                 [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
 //                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]
 //                 [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]
-//                 [--max-running 16] [--max-body-bytes 4194304] [--max-tokens-default 256]
+//                 [--max-running 16|4] [--max-body-bytes 4194304] [--max-tokens-default 256] [--region-cells 2048]
 //
-// --model: smollm2 (default) or gemma3 as scripts/fetch_model.sh fetches them, or a GGUF path.
+// --model: smollm2 (default), gemma3 or qwen2 as scripts/fetch_model.sh fetches them, or a GGUF path.
+// --engine: cpu (default), kvfuse's reference engine; llamacpp (a build with -DKVFUSE_LLAMACPP=ON): llama.cpp's
+//   forward pass, fixed-set methods only (full, naive, attnlink; CacheBlend and QueryAware change the recomputed set
+//   per layer), models without sliding-window layers (not Gemma 3), --max-running <= 19 (default 4), and
+//   --region-cells cells per request (its prompt and answer: the context limit; a multiple of 256). Every step
+//   attends over all (max-running + 1) x region-cells cells, the price of answers that do not depend on the batch
+//   (docs/llamacpp.md §4), so the defaults are small. Its chunk caches are llama.cpp sequence states, under another
+//   fingerprint than the CPU engine's.
 // --store: memory (default); a directory: memory over a DiskKVStore there; a Redis URI: memory over Redis, shared
 //   by every server on it. New chunk caches are written through to every tier.
 // --method: each request's fusion method unless the request names one (the extension field kvfuse.method). auto
 //   (default): of the CacheBlend, AttnLink and QueryAware settings the per-model correctness gate admitted for this
 //   model (kvfuse-rag-eval --calibrated caches them under <kvfuse cache>/calibration, default budget), the one
 //   that recomputes least; CacheBlend's r = 15 % when no calibration is cached; full prefill when the gate refused
-//   every family it measured. cachecraft, prefix and
+//   every family it measured. On --engine llamacpp, auto considers AttnLink only (the gate's calibration of the
+//   same GGUF, measured on the CPU engine), Epic's k = 16 when none is cached. cachecraft, prefix and
 //   cacheblend@auto are refused: the batched connector keeps no Cache-Craft variants, the server stores chunk
 //   caches only (no prefix entries), and CacheBlend's loading controller runs in FusionPipeline only.
 // --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
 // --queue-limit: requests in the engine at once (queued or running); more are answered 429. --max-running: how many
-//   of them run in one step loop (CpuBatchEngine's max_running).
+//   of them run in one step loop (CpuBatchEngine's max_running, default 16; llama.cpp's regions, default 4).
 // --max-body-bytes: larger request bodies are answered 413. --max-tokens-default: max_tokens of a request that
 //   gives none (capped by the model's context).
 #include <signal.h>
@@ -57,6 +67,9 @@
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/eval/calibrate.hpp"
 #include "kvfuse/fusion/calibration.hpp"
+#if KVFUSE_WITH_LLAMACPP
+#include "llamacpp_engine.hpp"
+#endif
 // After Eigen (kvfuse/cpu.hpp): httplib.h brings <resolv.h>, whose `_res` macro would rewrite Eigen's parameters.
 #include <httplib.h>
 
@@ -74,6 +87,7 @@ using kvfuse_server::ApiError;
 
 struct Options {
   std::string model = "smollm2";
+  std::string engine = "cpu";
   std::string store = "memory";
   std::string method = "auto";
   std::string host = "127.0.0.1";
@@ -81,24 +95,26 @@ struct Options {
   std::int64_t threads = 0;
   std::int64_t token_budget = 512;
   std::int64_t queue_limit = 64;
-  std::int64_t max_running = 16;
+  std::int64_t max_running = 0;  // 0: the engine's default (cpu 16, llamacpp 4)
   std::int64_t max_body_bytes = 4 << 20;
   std::int64_t max_tokens_default = 256;
   std::int64_t memory_bytes = std::int64_t{2} << 30;
+  std::int64_t region_cells = 2048;
 };
 
 constexpr std::string_view kUsage =
-    "usage: kvfuse-server [--model smollm2|gemma3|GGUF] [--store memory|DIR|redis://HOST:PORT|"
-    "redis-cluster://HOST:PORT,...]\n"
+    "usage: kvfuse-server [--model smollm2|gemma3|qwen2|GGUF] [--engine cpu|llamacpp]\n"
+    "                     [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]\n"
     "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]\n"
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
-    "                     [--max-running 16] [--max-body-bytes 4194304] [--max-tokens-default 256]\n"
-    "                     [--memory-bytes 2147483648]\n"
+    "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304] [--max-tokens-default 256]\n"
+    "                     [--memory-bytes 2147483648] [--region-cells 2048]\n"
     "--method auto: the cheapest setting the calibration gate admitted for the model (kvfuse-rag-eval --calibrated),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
 
 Options parse(int argc, char** argv) {
   Options o;
+  bool explicit_running = false;
   using kvfuse_example::parse_int;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
@@ -109,6 +125,8 @@ Options parse(int argc, char** argv) {
     kvfuse::require(i + 1 < argc, "{}: missing value\n{}", flag, kUsage);
     const std::string_view v = argv[++i];
     if (flag == "--model") o.model = v;
+    else if (flag == "--engine") o.engine = v;
+    else if (flag == "--region-cells") o.region_cells = parse_int(flag, v);
     else if (flag == "--store") o.store = v;
     else if (flag == "--method") o.method = v;
     else if (flag == "--host") o.host = v;
@@ -116,7 +134,10 @@ Options parse(int argc, char** argv) {
     else if (flag == "--threads") o.threads = parse_int(flag, v);
     else if (flag == "--token-budget") o.token_budget = parse_int(flag, v);
     else if (flag == "--queue-limit") o.queue_limit = parse_int(flag, v);
-    else if (flag == "--max-running") o.max_running = parse_int(flag, v);
+    else if (flag == "--max-running") {
+      o.max_running = parse_int(flag, v);
+      explicit_running = true;
+    }
     else if (flag == "--max-body-bytes") o.max_body_bytes = parse_int(flag, v);
     else if (flag == "--max-tokens-default") o.max_tokens_default = parse_int(flag, v);
     else if (flag == "--memory-bytes") o.memory_bytes = parse_int(flag, v);
@@ -127,17 +148,28 @@ Options parse(int argc, char** argv) {
   kvfuse::require(o.token_budget >= 1, "--token-budget: {} must be >= 1", o.token_budget);
   kvfuse::require(o.queue_limit >= 1 && o.queue_limit <= 4096, "--queue-limit: {} must be in [1, 4096]",
                           o.queue_limit);
-  kvfuse::require(o.max_running >= 1, "--max-running: {} must be >= 1", o.max_running);
+  kvfuse::require(o.max_running >= 1 || (o.max_running == 0 && !explicit_running), "--max-running: {} must be >= 1",
+                  o.max_running);
+  if (o.max_running == 0) o.max_running = o.engine == "llamacpp" ? 4 : 16;
   kvfuse::require(o.max_body_bytes >= 1, "--max-body-bytes: {} must be >= 1", o.max_body_bytes);
   kvfuse::require(o.max_tokens_default >= 1, "--max-tokens-default: {} must be >= 1", o.max_tokens_default);
   kvfuse::require(o.memory_bytes >= 1, "--memory-bytes: {} must be >= 1", o.memory_bytes);
+  kvfuse::require(o.engine == "cpu" || o.engine == "llamacpp", "--engine: '{}' is neither cpu nor llamacpp",
+                  o.engine);
+  kvfuse::require(o.region_cells >= 256 && o.region_cells % 256 == 0 && o.region_cells <= (1 << 20),
+                  "--region-cells: {} must be a multiple of 256 in [256, 1048576]", o.region_cells);
   o.model = kvfuse_example::resolve_model(o.model);
   return o;
 }
 
-// A method the server runs; kvfuse::error naming what the batched engine cannot do.
-kvfuse::FusionMethod server_method(std::string_view text) {
+// A method the server runs on `engine`; kvfuse::error naming what the batched engine cannot do.
+kvfuse::FusionMethod server_method(std::string_view text, std::string_view engine) {
   const kvfuse::FusionMethod m = kvfuse::parse_method(text);
+  kvfuse::require(engine != "llamacpp" || !(std::holds_alternative<kvfuse::CacheBlend>(m) ||
+                                            std::holds_alternative<kvfuse::QueryAware>(m)),
+                  "fusion method '{}': it changes the recomputed rows per layer, which one llama_decode per step "
+                  "cannot (--engine llamacpp runs full, naive and attnlink)",
+                  text);
   kvfuse::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
                           "fusion method '{}': Cache-Craft reuses stored in-context variants, which the batched "
                           "connector does not keep; use cacheblend, attnlink, queryaware, naive or full",
@@ -152,14 +184,18 @@ kvfuse::FusionMethod server_method(std::string_view text) {
   return m;
 }
 
-// --method auto: the per-model correctness gate's choice (fusion/calibration.hpp) among the families this server
-// runs (CacheBlend, AttnLink, QueryAware): per family the newest calibration kvfuse-rag-eval --calibrated cached
-// for this model at the default budget, then the admitted setting that recomputes least (cheapest_admitted).
-kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string& why) {
+// --method auto: the per-model correctness gate's choice (fusion/calibration.hpp) among the families the engine
+// runs (CPU: CacheBlend, AttnLink, QueryAware; llama.cpp: AttnLink): per family the newest calibration
+// kvfuse-rag-eval --calibrated cached for this model at the default budget, then the admitted setting that
+// recomputes least (cheapest_admitted).
+kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string_view engine, std::string& why) {
   const fs::path dir = kvfuse_example::cache_dir() / "calibration";
   std::vector<kvfuse::Calibration> calibrations;
   std::vector<std::string> read;
-  for (const std::string family : {"cacheblend", "attnlink", "queryaware"}) {
+  const std::vector<std::string> families =
+      engine == "llamacpp" ? std::vector<std::string>{"attnlink"}
+                           : std::vector<std::string>{"cacheblend", "attnlink", "queryaware"};
+  for (const std::string& family : families) {
     const std::string prefix = fmt::format("{:016x}-{}-", fingerprint, family);
     std::vector<fs::path> files;
     std::error_code ec;
@@ -193,6 +229,10 @@ kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string& why) {
       }
     }
   }
+  if (calibrations.empty() && engine == "llamacpp") {
+    why = "no AttnLink calibration cached for this model (kvfuse-rag-eval --calibrated): Epic's default k = 16";
+    return kvfuse::parse_method("attnlink");
+  }
   if (calibrations.empty()) {
     why = "no calibration cached for this model (kvfuse-rag-eval --calibrated): CacheBlend's default r = 15 %";
     return kvfuse::parse_method("cacheblend");
@@ -204,7 +244,7 @@ kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string& why) {
     return kvfuse::FullRecompute{};
   }
   why = fmt::format("calibrated ({})", fmt::join(read, ", "));
-  return server_method(*choice);
+  return server_method(*choice, engine);
 }
 
 // One request's events, from the engine thread to the handler thread that waits for them.
@@ -235,13 +275,35 @@ std::string finish_name(kvfuse::FinishReason f) {
   return "none";
 }
 
-// The engine and its thread: step() while anything is queued or running, asleep otherwise. Handler threads submit
-// and read their request's events from its Channel; at most `queue_limit` requests are in the engine at once.
-class Service {
+// What the HTTP side asks of the engine's service.
+struct Ticket {
+  std::uint64_t id = 0;
+  std::shared_ptr<Channel> channel;
+};
+
+class ServiceApi {
  public:
-  Service(const kvfuse::CpuLlama& model, kvfuse_server::AnyKVStore& store, kvfuse::BatchEngineConfig config,
-          std::size_t queue_limit, kvfuse_server::Metrics& metrics)
-      : engine_(model, store, config), queue_limit_(queue_limit), metrics_(&metrics), thread_([this] { loop(); }) {}
+  // Queues a request: ApiError 429 when the queue is full; kvfuse::error from the engine for a bad request.
+  virtual Ticket submit(kvfuse::GenerationRequest request) = 0;
+  virtual void cancel(std::uint64_t id) = 0;
+  [[nodiscard]] virtual std::int64_t in_flight() const = 0;
+
+ protected:
+  ~ServiceApi() = default;
+};
+
+// The engine (CpuBatchEngine, or LlamaCppEngine on llama.cpp) and its thread: step() while anything is queued or
+// running, asleep otherwise. Handler threads submit and read their request's events from its Channel; at most
+// `queue_limit` requests are in the engine at once.
+template <class Engine>
+class Service final : public ServiceApi {
+ public:
+  template <class... EngineArgs>
+  Service(std::size_t queue_limit, kvfuse_server::Metrics& metrics, EngineArgs&&... engine)
+      : engine_(std::forward<EngineArgs>(engine)...),
+        queue_limit_(queue_limit),
+        metrics_(&metrics),
+        thread_([this] { loop(); }) {}
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
   ~Service() {
@@ -253,13 +315,9 @@ class Service {
     thread_.join();
   }
 
-  struct Ticket {
-    std::uint64_t id = 0;
-    std::shared_ptr<Channel> channel;
-  };
+  [[nodiscard]] Engine& engine() noexcept { return engine_; }
 
-  // Queues a request: ApiError 429 when the queue is full; kvfuse::error from the engine for a bad request.
-  Ticket submit(kvfuse::GenerationRequest request) {
+  Ticket submit(kvfuse::GenerationRequest request) override {
     auto channel = std::make_shared<Channel>();
     std::uint64_t id = 0;
     {
@@ -276,7 +334,7 @@ class Service {
     return {id, std::move(channel)};
   }
 
-  void cancel(std::uint64_t id) {
+  void cancel(std::uint64_t id) override {
     engine_.cancel(id);
     {
       std::lock_guard lock(mutex_);
@@ -285,7 +343,7 @@ class Service {
     wake_.notify_one();
   }
 
-  [[nodiscard]] std::int64_t in_flight() const {
+  [[nodiscard]] std::int64_t in_flight() const override {
     std::lock_guard lock(mutex_);
     return static_cast<std::int64_t>(channels_.size());
   }
@@ -355,7 +413,7 @@ class Service {
     dispatch(std::move(events));
   }
 
-  kvfuse::CpuBatchEngine<kvfuse_server::AnyKVStore> engine_;
+  Engine engine_;
   std::size_t queue_limit_;
   kvfuse_server::Metrics* metrics_;
   mutable std::mutex mutex_;  // guards channels_, work_, stopping_
@@ -373,10 +431,10 @@ std::string sse(const json& j) {
 // The HTTP side: routes, request checks, and the answers of OpenAI's API.
 class Api {
  public:
-  Api(const Options& o, const kvfuse::CpuLlama& model, const kvfuse::Tokenizer& tok, kvfuse::FusionMethod method,
-      Service& service, kvfuse_server::StoreStack& stores, kvfuse_server::Metrics& metrics)
+  Api(const Options& o, std::int64_t context_length, const kvfuse::Tokenizer& tok, kvfuse::FusionMethod method,
+      ServiceApi& service, kvfuse_server::StoreStack& stores, kvfuse_server::Metrics& metrics)
       : o_(o),
-        model_(model),
+        context_(context_length),
         tok_(tok),
         format_(tok),
         method_(std::move(method)),
@@ -469,7 +527,7 @@ class Api {
     kvfuse::FusionMethod method = method_;
     if (c.method) {
       try {
-        method = server_method(*c.method);
+        method = server_method(*c.method, o_.engine);
       } catch (const kvfuse::error& e) {
         throw ApiError(400, fmt::format("kvfuse.method: {}", e.what()), "kvfuse.method", "invalid_value");
       }
@@ -481,7 +539,7 @@ class Api {
       throw ApiError(400, fmt::format("messages: {}", e.what()), "messages", "invalid_value");
     }
     const auto n = static_cast<std::int64_t>(prompt.tokens.size());
-    const std::int64_t context = model_.config().context_length;
+    const std::int64_t context = context_;
     if (context > 0 && n >= context)
       throw ApiError(400, fmt::format("messages: the prompt is {} tokens; the model's context is {} tokens", n, context),
                      "messages", "context_length_exceeded");
@@ -494,7 +552,7 @@ class Api {
     g.stop_tokens = stop_tokens_;
     g.temperature = c.temperature;
     g.seed = c.seed.value_or(std::random_device{}());
-    Service::Ticket ticket;
+    Ticket ticket;
     try {
       ticket = service_.submit(std::move(g));
     } catch (const kvfuse::error& e) {
@@ -559,7 +617,7 @@ class Api {
 
   // One request on its way: the events read so far as text, the finish and kvfuse's figures.
   struct Generation {
-    Generation(const kvfuse::Tokenizer& tok, const kvfuse_server::ChatRequest& c, Service::Ticket t,
+    Generation(const kvfuse::Tokenizer& tok, const kvfuse_server::ChatRequest& c, Ticket t,
                std::int64_t prompt, const kvfuse::PromptLayout& layout, const std::string& model)
         : ticket(std::move(t)),
           text(tok, c.stop),
@@ -576,7 +634,7 @@ class Api {
     }
 
     // Waits up to `limit` for the next event; nullopt when none came, else the text it releases (possibly empty).
-    std::optional<std::string> take(std::chrono::milliseconds limit, Service& service) {
+    std::optional<std::string> take(std::chrono::milliseconds limit, ServiceApi& service) {
       std::optional<kvfuse::TokenEvent> e = ticket.channel->next(limit);
       if (!e) return std::nullopt;
       std::string out;
@@ -628,7 +686,7 @@ class Api {
                 {"restarts", metrics.restarts}}}};
     }
 
-    Service::Ticket ticket;
+    Ticket ticket;
     kvfuse_server::TextStream text;
     bool include_usage;
     std::int64_t prompt_tokens;
@@ -645,17 +703,51 @@ class Api {
   };
 
   const Options& o_;
-  const kvfuse::CpuLlama& model_;
+  std::int64_t context_;  // tokens of a prompt and its answer (0: no limit known)
   const kvfuse::Tokenizer& tok_;
   kvfuse_server::PromptFormat format_;
   kvfuse::FusionMethod method_;
-  Service& service_;
+  ServiceApi& service_;
   kvfuse_server::StoreStack& stores_;
   kvfuse_server::Metrics& metrics_;
   std::string model_id_;
   std::time_t created_;
   std::vector<kvfuse::token_id> stop_tokens_;
 };
+
+// Serves HTTP until SIGINT or SIGTERM; 0 when it stopped on a signal.
+int serve(const Options& o, const Api& api_for_log, httplib::Server& svr, const std::string& engine_line,
+          const kvfuse_server::StoreStack& stores, const kvfuse::FusionMethod& method, const std::string& why,
+          sigset_t stop_signals) {
+  // Each streamed request holds a thread while it runs; the rest answer health, metrics and 429s.
+  const std::size_t http_threads = static_cast<std::size_t>(2 * o.queue_limit + 8);
+  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
+  svr.set_payload_max_length(static_cast<std::size_t>(o.max_body_bytes));
+  int port = static_cast<int>(o.port);
+  if (port == 0) {
+    port = svr.bind_to_any_port(o.host);
+    kvfuse::require(port > 0, "--host {}: cannot bind a port", o.host);
+  } else {
+    kvfuse::require(svr.bind_to_port(o.host, port), "--host {} --port {}: cannot bind", o.host, port);
+  }
+  fmt::print(stderr, "kvfuse-server: model {} ({}, {}), store {}, method {} ({})\n", o.model, engine_line,
+             api_for_log.chatml() ? "ChatML" : "plain text", stores.description(), kvfuse::method_name(method), why);
+  fmt::print(stderr, "kvfuse-server: listening on http://{}:{}\n", o.host, port);
+  std::fflush(stderr);
+
+  std::atomic<bool> signalled{false};
+  std::thread signals([&svr, &stop_signals, &signalled] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    signalled = true;
+    svr.stop();
+  });
+  const bool served = svr.listen_after_bind();
+  if (!signalled) kill(getpid(), SIGTERM);  // listen ended by itself: the signal thread takes this one and returns
+  signals.join();
+  fmt::print(stderr, "kvfuse-server: stopped\n");
+  return served ? 0 : 1;
+}
 
 }  // namespace
 
@@ -673,50 +765,54 @@ int main(int argc, char** argv) try {
   const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
   kvfuse::CpuLlamaOptions model_options;
   model_options.threads = static_cast<int>(o.threads);
-  const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
-
-  std::string why = "--method";
-  const kvfuse::FusionMethod method = o.method == "auto" ? auto_method(model.fingerprint(), why)
-                                                         : server_method(o.method);
   kvfuse_server::StoreStack stores(o.store, o.memory_bytes);
   kvfuse_server::Metrics metrics;
-  kvfuse::BatchEngineConfig config;
-  config.budget.token_budget = o.token_budget;
-  config.max_running = static_cast<std::size_t>(o.max_running);
-  Service service(model, stores.store(), config, static_cast<std::size_t>(o.queue_limit), metrics);
-  Api api(o, model, tok, method, service, stores, metrics);
-
+  const auto queue_limit = static_cast<std::size_t>(o.queue_limit);
+  std::string why = "--method";
   httplib::Server svr;
-  // Each streamed request holds a thread while it runs; the rest answer health, metrics and 429s.
-  const std::size_t http_threads = static_cast<std::size_t>(2 * o.queue_limit + 8);
-  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
-  svr.set_payload_max_length(static_cast<std::size_t>(o.max_body_bytes));
-  api.routes(svr);
-  int port = static_cast<int>(o.port);
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.host);
-    kvfuse::require(port > 0, "--host {}: cannot bind a port", o.host);
-  } else {
-    kvfuse::require(svr.bind_to_port(o.host, port), "--host {} --port {}: cannot bind", o.host, port);
-  }
-  fmt::print(stderr, "kvfuse-server: model {} ({} layers, context {}, {} threads, {}), store {}, method {} ({})\n",
-             o.model, model.config().n_layer, model.config().context_length, model.threads(),
-             api.chatml() ? "ChatML" : "plain text", stores.description(), kvfuse::method_name(method), why);
-  fmt::print(stderr, "kvfuse-server: listening on http://{}:{}\n", o.host, port);
-  std::fflush(stderr);
 
-  std::atomic<bool> signalled{false};
-  std::thread signals([&svr, &stop_signals, &signalled] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    signalled = true;
-    svr.stop();
-  });
-  const bool served = svr.listen_after_bind();
-  if (!signalled) kill(getpid(), SIGTERM);  // listen ended by itself: the signal thread takes this one and returns
-  signals.join();
-  fmt::print(stderr, "kvfuse-server: stopped\n");
-  return served ? 0 : 1;
+  if (o.engine == "cpu") {
+    const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+    const kvfuse::FusionMethod method = o.method == "auto" ? auto_method(model.fingerprint(), o.engine, why)
+                                                           : server_method(o.method, o.engine);
+    kvfuse::BatchEngineConfig config;
+    config.budget.token_budget = o.token_budget;
+    config.max_running = static_cast<std::size_t>(o.max_running);
+    Service<kvfuse::CpuBatchEngine<kvfuse_server::AnyKVStore>> service(queue_limit, metrics, model, stores.store(),
+                                                                        config);
+    Api api(o, model.config().context_length, tok, method, service, stores, metrics);
+    api.routes(svr);
+    return serve(o, api, svr,
+                 fmt::format("cpu engine, {} layers, context {}, {} threads", model.config().n_layer,
+                             model.config().context_length, model.threads()),
+                 stores, method, why, stop_signals);
+  }
+#if KVFUSE_WITH_LLAMACPP
+  kvfuse::FusionMethod method;
+  if (o.method == "auto") {  // the gate's calibrations are keyed by the CPU engine's fingerprint of the same GGUF
+    const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
+    method = auto_method(model.fingerprint(), o.engine, why);
+  } else {
+    method = server_method(o.method, o.engine);
+  }
+  kvfuse::llamacpp::BatchOptions options;
+  options.llama.threads = static_cast<int>(o.threads);
+  options.llama.n_batch = options.llama.n_ubatch = static_cast<std::uint32_t>(o.token_budget);
+  options.llama.attention_statistics = false;
+  options.max_requests = static_cast<std::uint32_t>(o.max_running);
+  options.region_cells = static_cast<std::uint32_t>(o.region_cells);
+  Service<kvfuse_server::LlamaCppEngine> service(queue_limit, metrics, fs::path(o.model), stores.store(), options);
+  const kvfuse_server::LlamaCppEngine& engine = service.engine();
+  Api api(o, engine.context_length(), tok, method, service, stores, metrics);
+  api.routes(svr);
+  return serve(o, api, svr,
+               fmt::format("llama.cpp engine, {} layers, {} cells per request, {} running, {} threads",
+                           engine.num_layers(), engine.context_length(), o.max_running, engine.threads()),
+               stores, method, why, stop_signals);
+#else
+  throw kvfuse::error("--engine llamacpp: this kvfuse-server was built without the llama.cpp integration "
+                      "(configure with -DKVFUSE_LLAMACPP=ON after scripts/fetch_llamacpp.sh)");
+#endif
 } catch (const std::exception& e) {
   fmt::print(stderr, "kvfuse-server: {}\n", e.what());
   return 2;

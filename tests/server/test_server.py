@@ -5,8 +5,10 @@ Starts the real kvfuse-server (KVFUSE_SERVER_BIN) with SmolLM2 (KVFUSE_MODEL, el
 caches) on a free loopback port and checks completions (non-streamed and streamed, equal at temperature 0), usage
 and kvfuse's usage object (chunks loaded when their parts come back in another order), stop sequences, seeded
 sampling, OpenAI-style errors (400 naming the field, 413, 429, 404), /v1/models, /health, /metrics, a bounded
-memory tier, a client that goes away mid-stream, and two servers sharing chunk caches through one redis-server
-(one of them SIGKILLed mid-request while the other serves; Redis killed mid-run).
+memory tier, a client that goes away mid-stream, two servers sharing chunk caches through one redis-server
+(one of them SIGKILLed mid-request while the other serves; Redis killed mid-run), and, where the server was built
+with the llama.cpp integration (KVFUSE_SERVER_LLAMACPP=1), --engine llamacpp: chunk caches stored and reused,
+concurrent requests answering as one at a time, streaming, seeded sampling, and what it refuses.
 
 Exit code 77 (CTest: skipped) when the model, the binary or the openai client (installed into KVFUSE_SERVER_VENV,
 a venv, when missing) is not available, or when KVFUSE_SERVER_OPTIMIZED=0 (a Debug or sanitizer build).
@@ -301,6 +303,90 @@ class ServerTest(unittest.TestCase):
                      "kvfuse_load_wait_seconds_total", "kvfuse_requests_in_flight"):
             self.assertIn(name, text)
         self.assertIn('kvfuse_http_requests_total{route="/v1/chat/completions",status="200"}', text)
+
+
+@unittest.skipUnless(os.environ.get("KVFUSE_SERVER_LLAMACPP") == "1",
+                     "kvfuse-server built without the llama.cpp integration (-DKVFUSE_LLAMACPP=ON)")
+class LlamaCppEngineTest(unittest.TestCase):
+    """--engine llamacpp: LlamaCppBatchEngine under the server's step loop (several requests per llama_decode)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--engine", "llamacpp", "--method", "attnlink", "--max-running", "4",
+                            "--region-cells", "1024")
+        cls.client = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def chat(self, messages, **kw):
+        kw.setdefault("temperature", 0)
+        kw.setdefault("max_tokens", 8)
+        return self.client.chat.completions.create(model="smollm2", messages=messages, **kw)
+
+    def test_chunks_stored_by_one_request_are_loaded_by_the_next_in_another_order(self):
+        texts = KOSCIUSZKO + ["Strzelecki named it after the Polish patriot Tadeusz Kosciuszko."]  # only this test's
+        first = self.chat(parts(*texts, "Who named Mount Kosciuszko?"))
+        second = self.chat(parts(texts[2], texts[0], texts[1], "Who named Mount Kosciuszko?"))
+        u1, u2 = kvfuse_usage(first), kvfuse_usage(second)
+        self.assertEqual(u1["method"], "attnlink")
+        self.assertEqual(u1["loaded_tokens"], 0)
+        self.assertEqual(first.usage.prompt_tokens, second.usage.prompt_tokens)
+        self.assertGreaterEqual(u2["loaded_tokens"], u2["chunk_tokens"])
+        self.assertLess(u2["recomputed_tokens"], second.usage.prompt_tokens)
+        self.assertGreater(u2["ttft_ms"], 0)
+        self.assertTrue(second.choices[0].message.content)
+
+    def test_concurrent_requests_answer_as_one_at_a_time(self):
+        questions = [QUESTION, "Where does the Danube flow?", "Where does the Rhine rise?"]
+        for method in ("full", "attnlink"):
+            with self.subTest(method=method):
+                extra = {"extra_body": {"kvfuse": {"method": method}}}
+                for q in questions:  # the chunk caches stored first: every run below has the same plan
+                    self.chat(parts(*PASSAGES, q), max_tokens=1, **extra)
+                alone = [self.chat(parts(*PASSAGES, q), max_tokens=8, **extra).choices[0].message.content
+                         for q in questions]
+                together = [None] * len(questions)
+
+                def ask(i):
+                    together[i] = self.chat(parts(*PASSAGES, questions[i]), max_tokens=8,
+                                            **extra).choices[0].message.content
+
+                threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                self.assertEqual(together, alone)
+
+    def test_streamed_equals_non_streamed_and_sampling_is_seeded(self):
+        messages = parts(*PASSAGES, QUESTION)
+        done = self.chat(messages, max_tokens=10)
+        text, finish = "", None
+        for chunk in self.client.chat.completions.create(model="smollm2", messages=messages, stream=True,
+                                                         temperature=0, max_tokens=10):
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        self.assertEqual((text, finish), (done.choices[0].message.content, done.choices[0].finish_reason))
+        a = self.chat(messages, temperature=0.9, seed=11, max_tokens=10).choices[0].message.content
+        b = self.chat(messages, temperature=0.9, seed=11, max_tokens=10).choices[0].message.content
+        self.assertEqual(a, b)
+
+    def test_methods_it_cannot_run_and_prompts_beyond_its_cells_are_refused(self):
+        import openai
+        for method in ("cacheblend", "queryaware"):
+            with self.subTest(method=method):
+                with self.assertRaises(openai.BadRequestError) as e:
+                    self.chat(parts("A part.", "A question?"), extra_body={"kvfuse": {"method": method}})
+                self.assertEqual(e.exception.param, "kvfuse.method")
+                self.assertIn("per layer", e.exception.message)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat([{"role": "user", "content": "word " * 1500}])
+        self.assertEqual(e.exception.code, "context_length_exceeded")
+        self.assertIn("1024", e.exception.message)
+        self.assertEqual(json.loads(self.server.get("/health")[1])["status"], "ok")
 
 
 class QueueLimitTest(unittest.TestCase):

@@ -54,6 +54,7 @@
 #include "kvfuse/backend/cpu_llama.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/keys.hpp"
+#include "kvfuse/core/sampling.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/fusion/connector.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
@@ -526,13 +527,7 @@ class CpuBatchEngine {
 
   // The next token from `logits`: greedy at temperature 0, else sampled from softmax(logits / T).
   token_id sample(Running& r, std::span<const float> logits) {
-    if (r.request.temperature == 0.0) return argmax_token(logits);
-    const float top = *std::max_element(logits.begin(), logits.end());
-    std::vector<double> weights(logits.size());
-    for (std::size_t i = 0; i < logits.size(); ++i)
-      weights[i] = std::exp((static_cast<double>(logits[i]) - top) / r.request.temperature);
-    std::discrete_distribution<token_id> pick(weights.begin(), weights.end());
-    return pick(r.rng);
+    return sample_token(logits, r.request.temperature, r.rng);
   }
 
   // Records token t of request r: a stop token or the length limit finishes it.

@@ -8,8 +8,10 @@
 // rows, each request in its own sequence.
 //
 // Blocks are LlamaCppContext's (llama.cpp sequence states under the same fingerprint), so what FusionPipeline over
-// LlamaCppFusion stores (store_chunk_caches, record_context's Cache-Craft variants) this engine reads; it stores
-// nothing itself. In a step, a decoding request adds one token; a prefilling one, after the decodes and in order
+// LlamaCppFusion stores (store_chunk_caches, record_context's Cache-Craft variants) this engine reads. With
+// BatchOptions::save_chunk_caches (a server's setting) it also stores: a request's reusable chunks the store lacks
+// are computed alone at position 0 when it is admitted (CacheBlend's chunk cache, one llama_decode each in the
+// scratch region) and put, so later requests load them. In a step, a decoding request adds one token; a prefilling one, after the decodes and in order
 // of arrival, the next run of its S_0 (llama_decode takes, per sequence, only positions that continue it, so each
 // maximal run of recomputed rows is a step of its own, the stored rows before it joining the request's sequence
 // first, as in LlamaCppFusion), cut to what is left of the step's budget (LlamaCppOptions::n_ubatch tokens: one
@@ -42,6 +44,7 @@
 // (CacheBlend, Cache-Craft with focus termination). Not thread-safe: the engine's loop calls it.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +52,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <utility>
@@ -59,7 +63,9 @@
 
 #include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/core/error.hpp"
+#include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/sampling.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
@@ -74,6 +80,7 @@ struct BatchOptions {
   LlamaCppOptions llama{};
   std::uint32_t max_requests = 4;      // running at once (the rest wait for a region)
   std::uint32_t region_cells = 1024;   // cells of a request: its prompt and answer (a multiple of 256)
+  bool save_chunk_caches = false;      // put the chunk caches of a request's reusable chunks the store lacks
 };
 
 struct BatchRequest {
@@ -82,6 +89,8 @@ struct BatchRequest {
   FusionMethod method = FullRecompute{};
   std::int64_t max_new_tokens = 16;
   std::vector<token_id> stop_tokens;   // generation ends at one of these (not returned)
+  double temperature = 0.0;            // 0: greedy; > 0: sampled from softmax(logits / temperature)
+  std::uint64_t seed = 0;              // of the sampler (temperature > 0)
   VariantIndex variants{};             // Cache-Craft: the variants its plan may choose (FusionPipeline's)
 };
 
@@ -89,12 +98,14 @@ enum class BatchFinish { none, length, stop, cancelled, error };
 
 struct BatchEvent {
   std::uint64_t request = 0;
-  std::optional<token_id> token;       // a new token (greedy)
+  std::optional<token_id> token;       // a new token
   std::vector<float> logits;           // with the first token: the prompt's last row's logits
   std::int64_t rejected_entries = 0;   // with the first token: stored entries refused, their chunks computed
   BatchFinish finish = BatchFinish::none;
   Status status = Status::success;     // of a request that ended in error
   std::string error;
+  std::int64_t loaded_rows = 0;        // with the first token: prompt rows whose KV came from the store
+  std::int64_t recomputed_rows = 0;    // with the first token: prompt rows computed (|S_0|, every layer)
 };
 
 template <KVStore Store>
@@ -106,7 +117,8 @@ class LlamaCppBatchEngine : public LlamaCppContext {
         store_(&store),
         regions_(options.max_requests),
         region_cells_(options.region_cells),
-        shape_{model_fingerprint(), num_layers(), block_bytes(1) / static_cast<std::size_t>(num_layers())} {
+        shape_{model_fingerprint(), num_layers(), block_bytes(1) / static_cast<std::size_t>(num_layers())},
+        save_chunk_caches_(options.save_chunk_caches) {
     kvfuse::detail::require(llama_model_n_swa(model_.get()) <= 0,
                             "LlamaCppBatchEngine: '{}' has sliding-window layers (window {}): llama.cpp may reuse a "
                             "cell its window hides, which the engine's cell layout does not allow (use LlamaCppFusion)",
@@ -124,6 +136,9 @@ class LlamaCppBatchEngine : public LlamaCppContext {
                               request.tokens[i], i, n_vocab_);
     kvfuse::detail::require(request.max_new_tokens >= 1,
                             "LlamaCppBatchEngine::submit: max_new_tokens = {} must be >= 1", request.max_new_tokens);
+    kvfuse::detail::require(std::isfinite(request.temperature) && request.temperature >= 0.0,
+                            "LlamaCppBatchEngine::submit: temperature = {} must be finite and >= 0",
+                            request.temperature);
     const auto need = static_cast<std::int64_t>(request.tokens.size()) + request.max_new_tokens;
     kvfuse::detail::require_code(need <= region_cells_, Status::beyond_context,
                                  "LlamaCppBatchEngine::submit: {} prompt tokens + max_new_tokens {} = {} exceed a "
@@ -149,8 +164,15 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   [[nodiscard]] bool idle() const noexcept { return queued_.empty() && running_.empty(); }
   [[nodiscard]] std::int64_t running() const noexcept { return static_cast<std::int64_t>(running_.size()); }
   [[nodiscard]] const FusionPlan& plan(std::uint64_t request) const { return running_.at(request).plan; }
-  // Tokens of the last step's llama_decode, the throwaway one included.
+  // Tokens of the last step's llama_decode, the throwaway one included; the requests' rows in it (0: no decode),
+  // and of those the decoding requests' tokens.
   [[nodiscard]] std::int64_t last_step_tokens() const noexcept { return last_step_tokens_; }
+  [[nodiscard]] std::int64_t last_step_rows() const noexcept { return last_step_rows_; }
+  [[nodiscard]] std::int64_t last_step_decodes() const noexcept { return last_step_decodes_; }
+  // Chunk caches put (save_chunk_caches), and puts the store refused (the request goes on; the chunk is computed
+  // again by a later one).
+  [[nodiscard]] std::int64_t chunk_caches_saved() const noexcept { return saved_; }
+  [[nodiscard]] std::int64_t put_failures() const noexcept { return put_failures_; }
   // Cells of the request's sequence (llama.cpp's count, from its state's size).
   [[nodiscard]] std::int64_t request_cells(std::uint64_t request) {
     const std::size_t size = llama_state_seq_get_size(ctx_.get(), seq_request(running_.at(request).region));
@@ -177,6 +199,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
       queued_.pop_front();
     }
     std::vector<Slice> slices = plan_step();
+    last_step_rows_ = last_step_decodes_ = 0;
     if (slices.empty()) return events;
     try {
       run(slices);
@@ -208,6 +231,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     std::int64_t generated = 0;
     token_id last = 0;                   // the token to decode next
     bool decoding = false;
+    std::mt19937_64 rng;
   };
   // One request's rows of a step: positions [first, first + tokens.size()).
   struct Slice {
@@ -240,10 +264,23 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   [[nodiscard]] llama_seq_id seq_throwaway() const noexcept { return seq_filler(regions_) + 1; }
   [[nodiscard]] llama_seq_id seq_scratch() const noexcept { return seq_filler(regions_) + 2; }
 
-  // Every cell to its region's filler, in cell order from an empty cache: filler position p in cell base + p.
+  // Every cell to its region's filler, in cell order from an empty cache: filler position p in cell base + p. The
+  // first region's filler is decoded; the others restore its state (no forward pass: restoring a sequence takes
+  // the first free cells, contiguous and in order). What a filler cell holds never matters: it is masked.
   void fill_cells() {
     const std::vector<token_id> zeros(options_.n_ubatch, 0);
-    for (std::size_t g = 0; g <= regions_; ++g) decode_into(seq_filler(g), 0, region_cells_, zeros);
+    decode_into(seq_filler(0), 0, region_cells_, zeros);
+    const std::vector<std::byte> state = save_sequence(seq_filler(0));
+    for (std::size_t g = 1; g <= regions_; ++g) {
+      const llama_seq_id seq = seq_filler(g);
+      const std::size_t read = llama_state_seq_set_data(
+          ctx_.get(), reinterpret_cast<const std::uint8_t*>(state.data()), state.size(), seq);
+      kvfuse::detail::require(read == state.size() && llama_memory_seq_pos_min(mem_, seq) == 0 &&
+                                  llama_memory_seq_pos_max(mem_, seq) == region_cells_ - 1,
+                              "LlamaCppBatchEngine: llama.cpp did not restore the filler of region {} ({} of {} "
+                              "bytes read)",
+                              g, read, state.size());
+    }
   }
 
   // Tokens (cycled from `tokens`) at positions [lo, hi) of an empty or continued sequence, n_ubatch at a time.
@@ -252,7 +289,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
       const std::int64_t m = std::min<std::int64_t>(hi - p, options_.n_ubatch);
       batch_.n_tokens = static_cast<std::int32_t>(m);
       for (std::int64_t i = 0; i < m; ++i)
-        set_token(static_cast<std::size_t>(i), tokens[static_cast<std::size_t>(i) % tokens.size()], p + i,
+        set_token(static_cast<std::size_t>(i), tokens[static_cast<std::size_t>(p - lo + i) % tokens.size()], p + i,
                   std::span(&seq, 1), false);
       decode("fill", p, static_cast<std::size_t>(m));
       p += m;
@@ -267,6 +304,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     r.region = g;
     r.request = std::move(q.request);
     r.staged.assign(r.request.tokens.size(), false);
+    r.rng.seed(r.request.seed);
     r.plan = plan_fusion(q.id, r.request.tokens, r.request.layout, r.request.method, shape_, *store_,
                          r.request.variants);
     bool prefix_broken = false, changed = false;  // a prefix entry is exact only behind the ones before it
@@ -278,6 +316,32 @@ class LlamaCppBatchEngine : public LlamaCppContext {
       changed = true;
     }
     if (changed) finish_plan(r.plan, r.request.method, shape_);  // S_0 with the chunks computed instead
+    if (save_chunk_caches_) save_chunk_caches(r);
+  }
+
+  // Each reusable chunk of r computed for it (the store lacks it) alone at position 0 in the scratch region's cells
+  // [0, n) — freed from its filler, which takes them back after — and put under its chunk-cache key.
+  void save_chunk_caches(const Running& r) {
+    for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {
+      const ChunkPlan& c = r.plan.chunks[j];
+      const std::int64_t n = c.range.size();
+      if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || n == 0 || n > region_cells_) continue;
+      const std::span<const token_id> tokens(r.request.tokens.data() + c.range.begin, static_cast<std::size_t>(n));
+      const KVKey key = chunk_cache_key(shape_.model, tokens);
+      if (store_->contains(key)) continue;  // an earlier chunk of this prompt with the same tokens
+      const llama_seq_id x = seq_scratch(), filler = seq_filler(regions_);
+      llama_memory_seq_rm(mem_, filler, 0, static_cast<llama_pos>(n));
+      decode_into(x, 0, n, tokens);
+      KVBlock block{n, save_sequence(x), 0};
+      llama_memory_seq_cp(mem_, x, filler, -1, -1);
+      llama_memory_seq_rm(mem_, x, -1, -1);
+      try {
+        store_->put(key, std::move(block));
+        ++saved_;
+      } catch (const error&) {
+        ++put_failures_;
+      }
+    }
   }
 
   // The chunk's stored block into its cells (base + its rows), at its rows' positions, staged; false (cells back to
@@ -382,6 +446,8 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     const llama_seq_id t = seq_throwaway();
     if (pad) set_token(i, 0, 0, std::span(&t, 1), false);
     last_step_tokens_ = batch_.n_tokens;
+    last_step_rows_ = total;
+    for (const Slice& s : slices) last_step_decodes_ += running_.at(s.id).decoding ? 1 : 0;
     decode("step", slices.front().first, static_cast<std::size_t>(batch_.n_tokens));
     if (pad) {
       llama_memory_seq_cp(mem_, t, seq_filler(regions_), -1, -1);
@@ -413,10 +479,13 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     }
     BatchEvent event{s.id, {}, {}, 0, BatchFinish::none, Status::success, {}};
     std::vector<float> logits = logits_of(s.batch_index);
-    const token_id next = argmax_token(logits);
+    const token_id next = sample_token(logits, r.request.temperature, r.rng);
     if (!r.decoding) {
       event.logits = std::move(logits);
       event.rejected_entries = r.rejected;
+      event.recomputed_rows = static_cast<std::int64_t>(r.plan.initial.size());
+      for (const ChunkPlan& c : r.plan.chunks)
+        if (c.source != KVSource::compute) event.loaded_rows += c.range.size();
       r.decoding = true;
     }
     const std::vector<token_id>& stop = r.request.stop_tokens;
@@ -455,12 +524,17 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   std::size_t regions_;
   std::int64_t region_cells_;
   EngineShape shape_;
+  bool save_chunk_caches_;
   std::vector<std::uint64_t> region_of_;  // per region: its request (0: free)
   std::deque<Queued> queued_;
   std::map<std::uint64_t, Running> running_;
   std::vector<std::uint64_t> cancelled_;
   std::uint64_t next_id_ = 1;
   std::int64_t last_step_tokens_ = 0;
+  std::int64_t last_step_rows_ = 0;
+  std::int64_t last_step_decodes_ = 0;
+  std::int64_t saved_ = 0;
+  std::int64_t put_failures_ = 0;
 };
 
 }  // namespace kvfuse::llamacpp
