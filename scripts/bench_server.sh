@@ -4,9 +4,11 @@
 # (scripts/server_loadgen.py, asyncio): REQUESTS MuSiQue chat requests, CONCURRENCY at a time, PASSAGES passages
 # each drawn from a pool of POOL so that passages recur in other orders, MAX_TOKENS greedy answer tokens.
 #
-# Four arms per run, each on a freshly started server (empty caches), in this order:
+# Six arms per run, each on a freshly started server (empty caches), in this order:
 #   kvfuse-full     kvfuse-server, every request kvfuse.method = full (the reference of its answers)
 #   kvfuse          kvfuse-server, every request kvfuse.method = METHOD (default cacheblend: r = 15 %)
+#   kvfuse-llamacpp-full  kvfuse-server --engine llamacpp, kvfuse.method = full (the reference of its answers)
+#   kvfuse-llamacpp       kvfuse-server --engine llamacpp, kvfuse.method = LLAMACPP_METHOD (default attnlink: k = 16)
 #   llama-full      llama-server, every request cache_prompt = false (the reference of its answers)
 #   llama-reuse     llama-server with its prefix cache and --cache-reuse 256 (shifted chunk reuse)
 # Each reuse arm's answers are compared with its own server's full-prefill answers (exact match, ROUGE-L).
@@ -16,7 +18,8 @@
 # integrations/llamacpp builds it), and a venv with openai and rouge-score (build/bench-venv).
 #   KVFUSE_MODEL (default: scripts/fetch_model.sh smollm2), KVFUSE_DATA, THREADS (2), RUNS (3), REQUESTS (64),
 #   CONCURRENCY (8), PASSAGES (5), POOL (40), MAX_TOKENS (32), PASSAGE_WORDS (100: each passage's first 100 words,
-#   about 130 tokens; 0 keeps them whole, about 600), METHOD (cacheblend), CTX_PER_SLOT (2048), OUT (build/bench-server)
+#   about 130 tokens; 0 keeps them whole, about 600), METHOD (cacheblend), LLAMACPP_METHOD (attnlink), CTX_PER_SLOT
+#   (2048: llama-server's context per slot and kvfuse-server --engine llamacpp's --region-cells), OUT (build/bench-server)
 # Writes OUT/run-N/<arm>.json (the load generator's output) and OUT/summary.json (medians over the runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,12 +61,14 @@ wait_ready() {  # $1 port: until /health answers 200
   exit 1
 }
 port=""
-start_kvfuse() {  # $1 log; sets port and pid
+start_kvfuse() {  # $1 log, rest: more server flags; sets port and pid
+  local log=$1
+  shift
   port=$(free_port)
   "$kvfuse_server" --model "$model" --host 127.0.0.1 --port "$port" --threads "$threads" \
-    --max-running "$concurrency" --store memory >/dev/null 2>"$1" &
+    --max-running "$concurrency" --store memory "$@" >/dev/null 2>"$log" &
   pid=$!
-  wait_ready "$port" "$1"
+  wait_ready "$port" "$log"
 }
 start_llama() {  # $1 log; sets port and pid
   port=$(free_port)
@@ -91,6 +96,13 @@ for run in $(seq 1 "$runs"); do
   start_kvfuse "$dir/kvfuse.log"
   load "$port" kvfuse --method "${METHOD:-cacheblend}" --compare "$dir/kvfuse-full.json" >"$dir/kvfuse.json"
   stop_server
+  start_kvfuse "$dir/kvfuse-llamacpp-full.log" --engine llamacpp --region-cells "$ctx_per_slot"
+  load "$port" kvfuse-llamacpp-full --method full >"$dir/kvfuse-llamacpp-full.json"
+  stop_server
+  start_kvfuse "$dir/kvfuse-llamacpp.log" --engine llamacpp --region-cells "$ctx_per_slot"
+  load "$port" kvfuse-llamacpp --method "${LLAMACPP_METHOD:-attnlink}" --compare "$dir/kvfuse-llamacpp-full.json" \
+    >"$dir/kvfuse-llamacpp.json"
+  stop_server
   start_llama "$dir/llama-full.log"
   load "$port" llama-full --newline-parts --no-cache-prompt >"$dir/llama-full.json"
   stop_server
@@ -102,7 +114,7 @@ done
 "$venv/bin/python3" - "$out" "$runs" "$model" "$threads" <<'PY'
 import json, statistics, sys
 out, runs, model, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-arms = ("kvfuse-full", "kvfuse", "llama-full", "llama-reuse")
+arms = ("kvfuse-full", "kvfuse", "kvfuse-llamacpp-full", "kvfuse-llamacpp", "llama-full", "llama-reuse")
 rs = [{a: json.load(open(f"{out}/run-{i}/{a}.json")) for a in arms} for i in range(1, runs + 1)]
 med = lambda f: statistics.median(f(r) for r in rs)
 summary = {"runs": runs, "model": model, "threads": threads,
@@ -120,6 +132,10 @@ for a in arms:
 # Ratios within each run (the same machine state), then their median.
 summary["ttft_p50_kvfuse_over_llama"] = med(lambda r: r["kvfuse"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
 summary["throughput_kvfuse_over_llama"] = med(lambda r: r["kvfuse"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
+summary["ttft_p50_kvfuse_llamacpp_over_llama"] = med(
+    lambda r: r["kvfuse-llamacpp"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
+summary["throughput_kvfuse_llamacpp_over_llama"] = med(
+    lambda r: r["kvfuse-llamacpp"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 print(json.dumps(summary))
 PY
