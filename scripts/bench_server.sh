@@ -4,11 +4,13 @@
 # (scripts/server_loadgen.py, asyncio): REQUESTS MuSiQue chat requests, CONCURRENCY at a time, PASSAGES passages
 # each drawn from a pool of POOL so that passages recur in other orders, MAX_TOKENS greedy answer tokens.
 #
-# Six arms per run, each on a freshly started server (empty caches), in this order:
+# Four arms per run (six with LLAMACPP_ARMS=1), each on a freshly started server (empty caches), in this order:
 #   kvfuse-full     kvfuse-server, every request kvfuse.method = full (the reference of its answers)
 #   kvfuse          kvfuse-server, every request kvfuse.method = METHOD (default cacheblend: r = 15 %)
-#   kvfuse-llamacpp-full  kvfuse-server --engine llamacpp, kvfuse.method = full (the reference of its answers)
-#   kvfuse-llamacpp       kvfuse-server --engine llamacpp, kvfuse.method = LLAMACPP_METHOD (default attnlink: k = 16)
+#   kvfuse-llamacpp-full  LLAMACPP_ARMS=1: kvfuse-server --engine llamacpp, kvfuse.method = full (its reference)
+#   kvfuse-llamacpp       LLAMACPP_ARMS=1: --engine llamacpp, kvfuse.method = LLAMACPP_METHOD (default attnlink)
+#                   Off by default: with CONCURRENCY 8 and CTX_PER_SLOT 2048 every step of that engine attends over
+#                   18432 cells and took about 47 s on 2 cores (docs/server.md), too long for a run.
 #   llama-full      llama-server, every request cache_prompt = false (the reference of its answers)
 #   llama-reuse     llama-server with its prefix cache and --cache-reuse 256 (shifted chunk reuse)
 # Each reuse arm's answers are compared with its own server's full-prefill answers (exact match, ROUGE-L).
@@ -96,13 +98,15 @@ for run in $(seq 1 "$runs"); do
   start_kvfuse "$dir/kvfuse.log"
   load "$port" kvfuse --method "${METHOD:-cacheblend}" --compare "$dir/kvfuse-full.json" >"$dir/kvfuse.json"
   stop_server
-  start_kvfuse "$dir/kvfuse-llamacpp-full.log" --engine llamacpp --region-cells "$ctx_per_slot"
-  load "$port" kvfuse-llamacpp-full --method full >"$dir/kvfuse-llamacpp-full.json"
-  stop_server
-  start_kvfuse "$dir/kvfuse-llamacpp.log" --engine llamacpp --region-cells "$ctx_per_slot"
-  load "$port" kvfuse-llamacpp --method "${LLAMACPP_METHOD:-attnlink}" --compare "$dir/kvfuse-llamacpp-full.json" \
-    >"$dir/kvfuse-llamacpp.json"
-  stop_server
+  if [[ ${LLAMACPP_ARMS:-0} == 1 ]]; then
+    start_kvfuse "$dir/kvfuse-llamacpp-full.log" --engine llamacpp --region-cells "$ctx_per_slot"
+    load "$port" kvfuse-llamacpp-full --method full >"$dir/kvfuse-llamacpp-full.json"
+    stop_server
+    start_kvfuse "$dir/kvfuse-llamacpp.log" --engine llamacpp --region-cells "$ctx_per_slot"
+    load "$port" kvfuse-llamacpp --method "${LLAMACPP_METHOD:-attnlink}" --compare "$dir/kvfuse-llamacpp-full.json" \
+      >"$dir/kvfuse-llamacpp.json"
+    stop_server
+  fi
   start_llama "$dir/llama-full.log"
   load "$port" llama-full --newline-parts --no-cache-prompt >"$dir/llama-full.json"
   stop_server
@@ -112,9 +116,10 @@ for run in $(seq 1 "$runs"); do
 done
 
 "$venv/bin/python3" - "$out" "$runs" "$model" "$threads" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 out, runs, model, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 arms = ("kvfuse-full", "kvfuse", "kvfuse-llamacpp-full", "kvfuse-llamacpp", "llama-full", "llama-reuse")
+arms = tuple(a for a in arms if os.path.exists(f"{out}/run-1/{a}.json"))
 rs = [{a: json.load(open(f"{out}/run-{i}/{a}.json")) for a in arms} for i in range(1, runs + 1)]
 med = lambda f: statistics.median(f(r) for r in rs)
 summary = {"runs": runs, "model": model, "threads": threads,
@@ -132,10 +137,11 @@ for a in arms:
 # Ratios within each run (the same machine state), then their median.
 summary["ttft_p50_kvfuse_over_llama"] = med(lambda r: r["kvfuse"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
 summary["throughput_kvfuse_over_llama"] = med(lambda r: r["kvfuse"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
-summary["ttft_p50_kvfuse_llamacpp_over_llama"] = med(
-    lambda r: r["kvfuse-llamacpp"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
-summary["throughput_kvfuse_llamacpp_over_llama"] = med(
-    lambda r: r["kvfuse-llamacpp"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
+if "kvfuse-llamacpp" in arms:
+    summary["ttft_p50_kvfuse_llamacpp_over_llama"] = med(
+        lambda r: r["kvfuse-llamacpp"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
+    summary["throughput_kvfuse_llamacpp_over_llama"] = med(
+        lambda r: r["kvfuse-llamacpp"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 print(json.dumps(summary))
 PY
