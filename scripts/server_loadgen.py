@@ -107,7 +107,10 @@ async def one(client, args, i, request, sem, results):
 
 async def run(args, requests):
     import openai
-    client = openai.AsyncOpenAI(base_url=args.url, api_key="unused", max_retries=0, timeout=args.timeout)
+    # A connection per request ("Connection: close"): llama-server closes idle keep-alive connections after 5 s, and
+    # a request sent on one it already closed failed with "Server disconnected" (no retries: each request once).
+    client = openai.AsyncOpenAI(base_url=args.url, api_key="unused", max_retries=0, timeout=args.timeout,
+                                default_headers={"Connection": "close"})
     sem = asyncio.Semaphore(args.concurrency)
     results = [None] * len(requests)
     t0 = time.perf_counter()
