@@ -107,8 +107,8 @@ constexpr std::string_view kUsage =
     "                     [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]\n"
     "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]\n"
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
-    "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304] [--max-tokens-default 256]\n"
-    "                     [--memory-bytes 2147483648] [--region-cells 2048]\n"
+    "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"
+    "                     [--max-tokens-default 256] [--memory-bytes 2147483648] [--region-cells 2048]\n"
     "--method auto: the cheapest setting the calibration gate admitted for the model (kvfuse-rag-eval --calibrated),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
 

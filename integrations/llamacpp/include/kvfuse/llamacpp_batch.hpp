@@ -11,10 +11,10 @@
 // LlamaCppFusion stores (store_chunk_caches, record_context's Cache-Craft variants) this engine reads. With
 // BatchOptions::save_chunk_caches (a server's setting) it also stores: a request's reusable chunks the store lacks
 // are computed alone at position 0 when it is admitted (CacheBlend's chunk cache, one llama_decode each in the
-// scratch region) and put, so later requests load them. In a step, a decoding request adds one token; a prefilling one, after the decodes and in order
-// of arrival, the next run of its S_0 (llama_decode takes, per sequence, only positions that continue it, so each
-// maximal run of recomputed rows is a step of its own, the stored rows before it joining the request's sequence
-// first, as in LlamaCppFusion), cut to what is left of the step's budget (LlamaCppOptions::n_ubatch tokens: one
+// scratch region) and put, so later requests load them. In a step, a decoding request adds one token; a
+// prefilling one, after the decodes and in order of arrival, the next run of its S_0 (llama_decode takes, per
+// sequence, only positions that continue it, so each maximal run of recomputed rows is a step of its own, the
+// stored rows before it joining the request's sequence first, as in LlamaCppFusion), cut to what is left of the step's budget (LlamaCppOptions::n_ubatch tokens: one
 // graph per step).
 //
 // Batched equals alone, bit for bit: a request's logits and tokens do not depend on the other requests of its
