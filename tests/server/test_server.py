@@ -138,10 +138,13 @@ KOSCIUSZKO = ["Mount Kosciuszko is the highest mountain of mainland Australia.",
               "It was named by the Polish explorer Pawel Strzelecki in 1840."]
 
 
-class ServerTest(unittest.TestCase):
+class OneServerTest(unittest.TestCase):
+    """A server started with ARGS for the class, and chat() on it: greedy, 8 tokens unless told otherwise."""
+    ARGS = ()
+
     @classmethod
     def setUpClass(cls):
-        cls.server = Server("--max-body-bytes", str(MAX_BODY))
+        cls.server = Server(*cls.ARGS)
         cls.client = cls.server.client()
 
     @classmethod
@@ -152,6 +155,10 @@ class ServerTest(unittest.TestCase):
         kw.setdefault("temperature", 0)
         kw.setdefault("max_tokens", 8)
         return self.client.chat.completions.create(model="smollm2", messages=messages, **kw)
+
+
+class ServerTest(OneServerTest):
+    ARGS = ("--max-body-bytes", str(MAX_BODY))
 
     def stream_text(self, messages, **kw):
         kw.setdefault("temperature", 0)
@@ -307,23 +314,9 @@ class ServerTest(unittest.TestCase):
 
 @unittest.skipUnless(os.environ.get("KVFUSE_SERVER_LLAMACPP") == "1",
                      "kvfuse-server built without the llama.cpp integration (-DKVFUSE_LLAMACPP=ON)")
-class LlamaCppEngineTest(unittest.TestCase):
+class LlamaCppEngineTest(OneServerTest):
     """--engine llamacpp: LlamaCppBatchEngine under the server's step loop (several requests per llama_decode)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.server = Server("--engine", "llamacpp", "--method", "attnlink", "--max-running", "4",
-                            "--region-cells", "1024")
-        cls.client = cls.server.client()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-
-    def chat(self, messages, **kw):
-        kw.setdefault("temperature", 0)
-        kw.setdefault("max_tokens", 8)
-        return self.client.chat.completions.create(model="smollm2", messages=messages, **kw)
+    ARGS = ("--engine", "llamacpp", "--method", "attnlink", "--max-running", "4", "--region-cells", "1024")
 
     def test_chunks_stored_by_one_request_are_loaded_by_the_next_in_another_order(self):
         texts = KOSCIUSZKO + ["Strzelecki named it after the Polish patriot Tadeusz Kosciuszko."]  # only this test's
