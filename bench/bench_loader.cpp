@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/token_budget_scheduler.hpp"
 

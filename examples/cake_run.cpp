@@ -54,6 +54,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kvfuse/cpu.hpp"
+#include "kvfuse/harness/metrics.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/runtime.hpp"
 
 #include "musique.hpp"

@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 
 namespace {

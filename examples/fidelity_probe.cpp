@@ -36,7 +36,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kvfuse/cpu.hpp"
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/metrics.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
+#include "kvfuse/kernel_args/kv_topk.hpp"
 
 #include "musique.hpp"
 
@@ -131,7 +133,7 @@ int main(int argc, char** argv) try {
       auto ids = tok.encode(p, false);
       ids.resize(std::min<std::size_t>(ids.size(), static_cast<std::size_t>(max_passage_tokens)));
       std::string text = tok.decode(ids, false);
-      text.resize(kvfuse::detail::utf8_invalid_offset(text));
+      text.resize(kvfuse::utf8_invalid_offset(text));
       passages.push_back(text);
     }
     const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, q.question);
@@ -207,7 +209,7 @@ int main(int argc, char** argv) try {
         initial = with_query(chunk_starts(layout, static_cast<std::int64_t>(p.value)), layout);
       } else if (p.kind == "chunks") {
         kvfuse::TokenSet rows;
-        std::int64_t budget = kvfuse::detail::keep_count(p.value, reusable);
+        std::int64_t budget = kvfuse::top_k_count(p.value, reusable);
         for (auto c = layout.chunks.rbegin(); c != layout.chunks.rend() && budget > 0; ++c) {
           if (c->range.begin == 0) continue;
           kvfuse::append_range(rows, c->range);

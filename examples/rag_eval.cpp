@@ -83,8 +83,9 @@
 #if KVFUSE_WITH_REDIS
 #include "kvfuse/backend/redis_kv_store.hpp"
 #endif
-#include "kvfuse/eval/calibrate.hpp"
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/calibrate.hpp"
+#include "kvfuse/harness/metrics.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 
 #if KVFUSE_WITH_LLAMACPP

@@ -65,7 +65,7 @@
 
 #include "kvfuse/backend/cpu/batch_engine.hpp"
 #include "kvfuse/cpu.hpp"
-#include "kvfuse/eval/calibrate.hpp"
+#include "kvfuse/harness/calibrate.hpp"
 #include "kvfuse/fusion/calibration.hpp"
 #if KVFUSE_WITH_LLAMACPP
 #include "llamacpp_engine.hpp"

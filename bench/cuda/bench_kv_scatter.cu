@@ -13,7 +13,7 @@
 #include "bench_common.cuh"
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/cuda/kv_scatter.cuh"
-#include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/harness/ref/kv_topk.hpp"
 
 using kvfuse::bench::cuda_check;
 using kvfuse::bench::median_ms;

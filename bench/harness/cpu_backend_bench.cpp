@@ -43,6 +43,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -145,20 +146,24 @@ double max_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux: KiB
 }
 
-// Seconds of one y = x Wᵀ ([n][e] x [f][e]ᵀ), split over W's rows on `pool` like CpuLlama's projections;
-// repeated until 1 s has passed, the mean per product.
-double gemm_seconds(kvfuse::detail::WorkerPool& pool, std::int64_t n, std::int64_t e, std::int64_t f) {
+// Seconds of one y = x Wᵀ ([n][e] x [f][e]ᵀ) in Eigen, split over W's rows on `threads` threads like CpuLlama's
+// projections (a thread per part, started for each product); repeated until 1 s has passed, the mean per product.
+double gemm_seconds(int threads, std::int64_t n, std::int64_t e, std::int64_t f) {
   using M = kvfuse::RowMatrix;
   const M x = M::Random(n, e);
   const M w = M::Random(f, e);
   M y(n, f);
-  const std::int64_t tasks = pool.size();
+  const std::int64_t tasks = threads;
+  const auto part = [&](std::int64_t t) {
+    const std::int64_t c0 = f * t / tasks;
+    const std::int64_t c1 = f * (t + 1) / tasks;
+    y.middleCols(c0, c1 - c0).noalias() = x * w.middleRows(c0, c1 - c0).transpose();
+  };
   const auto once = [&] {
-    pool.parallel_for(tasks, [&](std::int64_t t) {
-      const std::int64_t c0 = f * t / tasks;
-      const std::int64_t c1 = f * (t + 1) / tasks;
-      y.middleCols(c0, c1 - c0).noalias() = x * w.middleRows(c0, c1 - c0).transpose();
-    });
+    std::vector<std::thread> others;
+    for (std::int64_t t = 1; t < tasks; ++t) others.emplace_back(part, t);
+    part(0);
+    for (std::thread& th : others) th.join();
   };
   once();  // warm-up
   int count = 0;
@@ -289,7 +294,6 @@ int run(const Args& a) {
   const auto q = static_cast<std::int64_t>(corpus.question.size());
   const std::vector<double> ratios{0.05, 0.15, 0.30};
 
-  kvfuse::detail::WorkerPool pool(model.threads());
   std::map<std::int64_t, std::vector<double>> gemm_s, full_s;
   std::map<std::pair<std::int64_t, int>, std::vector<double>> part_s, part_ratio;
   double rss_prefill = 0;
@@ -297,7 +301,7 @@ int run(const Args& a) {
   for (int rep = 0; rep < a.repeats; ++rep) {
     for (const std::int64_t n : a.sizes) {
       const std::vector<kvfuse::token_id> prompt = make_prompt(corpus, n);
-      gemm_s[n].push_back(gemm_seconds(pool, n, cfg.n_embd, cfg.n_ff));
+      gemm_s[n].push_back(gemm_seconds(model.threads(), n, cfg.n_embd, cfg.n_ff));
       fmt::print(stderr, "repeat {} n {}: GEMM {:.1f} GFLOP/s\n", rep, n,
                  2.0 * static_cast<double>(n * cfg.n_embd * cfg.n_ff) / gemm_s[n].back() / 1e9);
 

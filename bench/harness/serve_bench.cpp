@@ -46,7 +46,7 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
-#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 
 #include "../../examples/musique.hpp"
 

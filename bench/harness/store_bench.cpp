@@ -55,7 +55,7 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/throttled_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
-#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/runtime.hpp"
 #ifdef KVFUSE_BENCH_REDIS
 #include "kvfuse/backend/redis_kv_store.hpp"

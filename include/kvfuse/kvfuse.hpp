@@ -8,10 +8,11 @@
 //   kvfuse/runtime.hpp     policies run on real threads: FusionPipeline (the fusion loop over an engine's
 //                          backends, with its layer-pipelined I/O thread), run_threaded (Cake's loader),
 //                          run_composed (both in one request)
-//   kvfuse/simulation.hpp  SimulatedCompute / SimulatedStore: cost-modelled backends in virtual time
-//   kvfuse/eval.hpp        quality metrics against full prefill and gold answers (KL, ROUGE-L, F1)
-//   kvfuse/ref.hpp         the CUDA kernels' argument structs and CPU references (launchers: kvfuse/cuda.cuh)
 //   kvfuse/cpu.hpp         the reference CPU backend: GGUF models, tokenizer, Eigen Llama (CpuLlamaFusion)
+//   kvfuse/kernel_args/    the CUDA kernels' argument structs and validation (launchers: kvfuse/cuda.cuh)
+// Not part of the library (harness/include/kvfuse/harness/, not installed: kvfuse's tools, benchmarks and tests):
+// the quality metrics, the calibration runner and its file cache, the RAG prompt format, the simulated backends
+// and the kernels' CPU references.
 
 #include "kvfuse/core/config.hpp"
 #include "kvfuse/core/dtype.hpp"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kvfuse/ref/kv_scatter.hpp"
+#include "kvfuse/harness/ref/kv_scatter.hpp"
 #include "kv_scatter_emu.cuh"
 
 namespace {

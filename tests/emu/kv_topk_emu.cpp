@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/harness/ref/kv_topk.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 #include "kv_topk_emu.cuh"
 

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/harness/ref/rope.hpp"
 #include "rope_emu.cuh"
 
 namespace {

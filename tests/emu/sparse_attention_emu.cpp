@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kvfuse/ref/sparse_attention.hpp"
+#include "kvfuse/harness/ref/sparse_attention.hpp"
 #include "sparse_attention_emu.cuh"
 
 namespace {

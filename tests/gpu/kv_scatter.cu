@@ -1,4 +1,4 @@
-// kvfuse::cuda::kv_scatter / kv_gather against their CPU references (kvfuse/ref/kv_scatter.hpp): bit-exact
+// kvfuse::cuda::kv_scatter / kv_gather against their CPU references (kvfuse/harness/ref/kv_scatter.hpp): bit-exact
 // caches and buffers, rows the scatter must not touch keep their (poisoned) bytes, contiguous and paged
 // caches (token-major and head-major), NHD and HND compact buffers, vector and element paths.
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 #include "harness.cuh"
 #include "kvfuse/cuda/kv_scatter.cuh"
-#include "kvfuse/ref/kv_scatter.hpp"
+#include "kvfuse/harness/ref/kv_scatter.hpp"
 
 using kvfuse::DType;
 using kvfuse::KVCacheLayout;

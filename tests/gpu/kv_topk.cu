@@ -1,4 +1,4 @@
-// kvfuse::cuda::kv_deviation, top_k_tokens and hkvd_select against their CPU references (kvfuse/ref/kv_topk.hpp)
+// kvfuse::cuda::kv_deviation, top_k_tokens and hkvd_select against their CPU references (kvfuse/harness/ref/kv_topk.hpp)
 // and an fp64 deviation loop / a stable-sort selection written here; top_k_tokens also against the full-sort
 // baseline (cub radix sort).
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 #include "harness.cuh"
 #include "kvfuse/cuda/kv_topk.cuh"
-#include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/harness/ref/kv_topk.hpp"
 
 using kvfuse::DType;
 using kvfuse::KVDeviationArgs;

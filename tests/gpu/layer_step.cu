@@ -13,10 +13,10 @@
 #include "kvfuse/cuda/kv_topk.cuh"
 #include "kvfuse/cuda/rope.cuh"
 #include "kvfuse/cuda/sparse_attention.cuh"
-#include "kvfuse/ref/kv_scatter.hpp"
-#include "kvfuse/ref/kv_topk.hpp"
-#include "kvfuse/ref/rope.hpp"
-#include "kvfuse/ref/sparse_attention.hpp"
+#include "kvfuse/harness/ref/kv_scatter.hpp"
+#include "kvfuse/harness/ref/kv_topk.hpp"
+#include "kvfuse/harness/ref/rope.hpp"
+#include "kvfuse/harness/ref/sparse_attention.hpp"
 
 using kvfuse::bf16;
 using kvfuse::DType;

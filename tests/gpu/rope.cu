@@ -12,7 +12,7 @@
 
 #include "harness.cuh"
 #include "kvfuse/cuda/rope.cuh"
-#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/harness/ref/rope.hpp"
 #include "../support/rope_test_util.hpp"
 
 using kvfuse::DType;

@@ -12,6 +12,7 @@
 
 #include "harness.cuh"
 #include "kvfuse/cuda/sparse_attention.cuh"
+#include "kvfuse/harness/ref/sparse_attention.hpp"
 
 using kvfuse::DType;
 using kvfuse::SparseAttentionArgs;

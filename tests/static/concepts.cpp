@@ -2,7 +2,7 @@
 // instantiate for the models, and the umbrella headers compile. Building this file is the test.
 #include "kvfuse/kvfuse.hpp"
 #include "kvfuse/runtime.hpp"
-#include "kvfuse/simulation.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/stores.hpp"
 
 namespace {

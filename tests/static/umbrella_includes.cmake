@@ -1,6 +1,6 @@
 # Static test: kvfuse/kvfuse.hpp is the policies an engine needs, nothing heavier. Preprocesses the umbrella
 # header alone (the compiler's -M dependency list) and fails if it reaches POSIX file I/O, <thread>, a CPU
-# reference kernel (kvfuse/ref/), the metrics (kvfuse/eval/), the CPU backend or a store implementation.
+# file of the test harness (kvfuse/harness/: CPU references, metrics), the CPU backend or a store implementation.
 #   cmake -DCXX=<compiler> -DINCLUDES=<dir;dir> -DHEADER=<path> -P umbrella_includes.cmake
 foreach(var CXX INCLUDES HEADER)
   if(NOT DEFINED ${var})
@@ -19,7 +19,7 @@ string(REPLACE "\\\n" " " deps "${deps}")
 string(REGEX REPLACE "[ \t\r\n]+" ";" deps "${deps}")
 set(forbidden
     "/fcntl\\.h$" "/sys/stat\\.h$" "/thread$" "/fstream$" "/filesystem$"
-    "/kvfuse/ref/" "/kvfuse/eval/" "/kvfuse/backend/cpu" "/kvfuse/model/"
+    "/kvfuse/harness/" "/kvfuse/backend/cpu" "/kvfuse/model/"
     "/kvfuse/backend/(disk_kv_store|in_memory_store|tiered_kv_store|simulated)\\.hpp$" "/Eigen/")
 set(bad "")
 set(count 0)

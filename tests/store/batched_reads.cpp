@@ -16,7 +16,7 @@
 
 #include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/backend/throttled_kv_store.hpp"
 #include "kvfuse/backend/tiered_kv_store.hpp"
 #include "kvfuse/core/error.hpp"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvfuse/core/dtype.hpp"
-#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/harness/ref/rope.hpp"
 
 namespace kvfuse::test {
 

@@ -15,7 +15,7 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
-#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 
 #include "../support/fusion_prompts.hpp"
 #include "../support/model_path.hpp"

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "kvfuse/backend/in_memory_store.hpp"
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/threaded_loader.hpp"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/chunk_sizes.hpp"
 

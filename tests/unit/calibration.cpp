@@ -11,7 +11,8 @@
 #include <doctest/doctest.h>
 
 #include "kvfuse/cpu.hpp"
-#include "kvfuse/eval/calibrate.hpp"
+#include "kvfuse/harness/calibrate.hpp"
+#include "kvfuse/harness/metrics.hpp"
 
 #include "../support/error_of.hpp"
 #include "../support/fusion_prompts.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/metrics.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_eval_metrics {

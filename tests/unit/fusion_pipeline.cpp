@@ -17,7 +17,8 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/tiered_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/metrics.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/runtime.hpp"
 

@@ -1,4 +1,4 @@
-// ref/kv_scatter.hpp: the CPU references of KV scatter (recomputed rows into the cache) and gather (cached
+// harness/ref/kv_scatter.hpp: the CPU references of KV scatter (recomputed rows into the cache) and gather (cached
 // rows into the prompt buffer), contiguous and paged caches, against element loops written here.
 #include <doctest/doctest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kvfuse/ref/kv_scatter.hpp"
+#include "kvfuse/harness/ref/kv_scatter.hpp"
 
 #include "../support/test_util.hpp"
 

@@ -1,4 +1,4 @@
-// ref/kv_topk.hpp: the CPU references of the KV deviation (CacheBlend section 4.1) and of the deterministic
+// harness/ref/kv_topk.hpp: the CPU references of the KV deviation (CacheBlend section 4.1) and of the deterministic
 // top-k (section 4.3, ties to the lower position) that the CUDA kernels are checked against. Expected values
 // come from plain loops written here: a double-precision deviation and a std::stable_sort ranking.
 #include <doctest/doctest.h>
@@ -16,7 +16,7 @@
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
 #include "kvfuse/detail/topk.hpp"
-#include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/harness/ref/kv_topk.hpp"
 
 #include "../support/test_util.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"

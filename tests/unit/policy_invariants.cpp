@@ -5,7 +5,7 @@
 #include <random>
 
 #include "kvfuse/backend/in_memory_store.hpp"
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 #include "kvfuse/select/query_aware_selector.hpp"

@@ -29,10 +29,10 @@
 
 #include "kvfuse/backend/cpu_llama.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/model/gguf.hpp"
-#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/model/tokenizer.hpp"
 
 #include "../support/case_file.hpp"

@@ -12,7 +12,7 @@
 #include "../support/test_util.hpp"
 #include "kvfuse/core/rope.hpp"
 #include "kvfuse/detail/rope.hpp"
-#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/harness/ref/rope.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_rope {

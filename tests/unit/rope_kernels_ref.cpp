@@ -1,8 +1,8 @@
-// ref/rope.hpp: the CPU references of the RoPE kernels (fp32 angles) and their validation. Expected values
+// harness/ref/rope.hpp: the CPU references of the RoPE kernels (fp32 angles) and their validation. Expected values
 // come from a double-precision loop written here (its own pairing and rotation formula, angle p·θ_f in
 // double), the Llama 3.1 table from Meta's apply_scaling written out here; round trip and shift properties
 // are checked at positions up to 131072, and every refusal for its status and a message naming the value.
-#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/harness/ref/rope.hpp"
 
 #include <doctest/doctest.h>
 

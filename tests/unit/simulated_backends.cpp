@@ -1,7 +1,7 @@
 // Simulated backends: the cost model and the time-varying trace, checked against hand computation.
 #include <doctest/doctest.h>
 
-#include "kvfuse/backend/simulated.hpp"
+#include "kvfuse/harness/simulated.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_simulated_backends {

@@ -1,4 +1,4 @@
-// ref/sparse_attention.hpp: the CPU reference of sparse-query attention with an exact positional causal
+// harness/ref/sparse_attention.hpp: the CPU reference of sparse-query attention with an exact positional causal
 // mask, against an independent fp64 two-pass softmax written here, on every dtype, head_dim 64/128, GQA,
 // packed and strided layouts; the mask's exactness, the chunk-, self- and query-mass epilogues (also by hand)
 // and the validation messages;
@@ -16,7 +16,7 @@
 
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/status.hpp"
-#include "kvfuse/ref/sparse_attention.hpp"
+#include "kvfuse/harness/ref/sparse_attention.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_sparse_attention_ref {

@@ -22,6 +22,7 @@
 
 #include "kvfuse/model/gguf.hpp"
 #include "kvfuse/model/tokenizer.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_tokenizer {

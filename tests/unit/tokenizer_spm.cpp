@@ -24,6 +24,7 @@
 #include "../support/model_path.hpp"
 #include "kvfuse/model/gguf.hpp"
 #include "kvfuse/model/tokenizer.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_tokenizer_spm {

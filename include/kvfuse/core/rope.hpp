@@ -2,7 +2,7 @@
 // Rotary position embedding (RoPE; Su et al., "RoFormer: Enhanced Transformer with Rotary Position
 // Embedding", §3.2.2): the pairing of a head's elements, the frequency settings of a model, and the ONE
 // function that computes the frequencies θ_i. The CPU Llama backend (backend/cpu/llama.hpp) and the RoPE
-// kernels and their CPU references (ref/rope.hpp, kvfuse/cuda/rope.cuh) all take their θ_i from it; the
+// kernels and their CPU references (kernel_args/rope.hpp, kvfuse/cuda/rope.cuh) all take their θ_i from it; the
 // element math that rotates with them is detail/rope.hpp.
 //
 // Pair i of a head of dimension d is rotated by the angle p · θ_i at position p:
@@ -80,7 +80,7 @@ namespace rope_checks {
 // s = (original_max_position / λ_i − low_freq_factor) / (high_freq_factor − low_freq_factor),
 // (1 − s)·θ_i / factor + s·θ_i.
 // The CPU backend uses these doubles as they are (detail::rope_cos_sin); the kernels round them to float
-// once (the float overload in ref/rope.hpp). Any positive even head_dim. Refuses partial rotary and
+// once (the float overload in kernel_args/rope.hpp). Any positive even head_dim. Refuses partial rotary and
 // unknown scaling (unsupported) and bad values (invalid_argument); writes nothing then.
 [[nodiscard]] inline Status rope_frequencies(const RopeFrequencyConfig& c, double* theta) noexcept {
   if (c.head_dim <= 0 || c.head_dim % 2 != 0)

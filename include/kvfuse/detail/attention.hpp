@@ -1,6 +1,6 @@
 #pragma once
 // Element math of attention with an exact positional causal mask, shared by the sparse-attention CPU
-// reference (kvfuse/ref/sparse_attention.hpp), the CUDA kernel (kvfuse/cuda/sparse_attention.cuh) and the
+// reference (kvfuse::ref::sparse_attention, the test harness), the CUDA kernel (kvfuse/cuda/sparse_attention.cuh) and the
 // CPU Llama backend (backend/cpu/llama.hpp, through attention_softmax_row), so all three mask, rescale and
 // normalize the same way: one softmax.
 //

@@ -1,7 +1,7 @@
 #pragma once
 // RoPE element math (the rotation of core/rope.hpp's pairs by p · θ_i), shared by the CPU Llama backend
 // (backend/cpu/llama.hpp), the CUDA kernels (kernels/include/kvfuse/cuda/rope.cuh) and their CPU
-// references (ref/rope.hpp). θ_i always comes from the one table, kvfuse::rope_frequencies (core/rope.hpp).
+// references (kernel_args/rope.hpp). θ_i always comes from the one table, kvfuse::rope_frequencies (core/rope.hpp).
 //
 // Rotations compose: R(φ1) R(φ2) = R(φ1 + φ2) and R(−φ) = R(φ)⁻¹. So K rotated at position p and then
 // rotated by Δ·θ_i equals K rotated at p + Δ: a cached chunk moves to new positions with ONE rotation
@@ -85,11 +85,11 @@ KVFUSE_HOST_DEVICE void rope_rotate_head(float* x, std::int64_t head_dim, RopePa
 
 // ---------------------------------------------------------------------------------------------------
 // fp32-angle RoPE: the element math of the CUDA kernels (kernels/include/kvfuse/cuda/rope.cuh) and of
-// their CPU references (include/kvfuse/ref/rope.hpp). The functions above keep double angles for the CPU
+// their CPU references (kvfuse::ref, the test harness). The functions above keep double angles for the CPU
 // Llama backend; these evaluate everything in float, yet stay accurate at any position below 2^24:
 //
 //   θ_f    the frequency θ_i of rope_frequencies rounded to float ONCE on the host (its float overload,
-//          ref/rope.hpp), the value an engine's inv_freq buffer holds;
+//          kernel_args/rope.hpp), the value an engine's inv_freq buffer holds;
 //   p·θ_f  evaluated exactly as hi + lo: p is an integer with |p| < 2^24, exact in float, and
 //          lo = fma(p, θ_f, −hi) is the exact rounding error of hi = p·θ_f;
 //   reduction mod 2π by Cody–Waite with 2π = C1 + C2: k = rint(hi / 2π), hi − k·C1 is exact (fma, and

@@ -1,6 +1,6 @@
 #pragma once
 // Key math of the deterministic top-k over per-token scores (CacheBlend section 4.3: keep the tokens of
-// highest KV deviation, ties to the lower position), shared by the CPU reference (ref/kv_topk.hpp) and the
+// highest KV deviation, ties to the lower position), shared by the CPU reference (kvfuse::ref, the test harness) and the
 // CUDA radix select (kernels/include/kvfuse/cuda/kv_topk.cuh).
 //
 // Every token i with score s gets the unique 64-bit key

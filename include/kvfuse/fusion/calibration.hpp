@@ -11,7 +11,7 @@
 // The measurement is the engine's (`evaluate`): for one setting, the mean over the sample prompts of the
 // fraction of token-layers recomputed and of the teacher-forced figures — full prefill's greedy answer fed
 // after the method's KV, KL(full ‖ method) averaged over the answer tokens and the share of them whose top-1
-// token agrees (kvfuse/eval/metrics.hpp computes both; eval/calibrate.hpp runs it on the reference backend
+// token agrees (kvfuse/harness/metrics.hpp computes both; harness/calibrate.hpp runs it on the reference backend
 // and caches the result per model fingerprint).
 //
 // Families and their settings, cheapest first: cacheblend (r), attnlink (k), cachecraft (α of eq. 12),

@@ -18,11 +18,11 @@
 
 #include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/metrics.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/llamacpp.hpp"
 #include "kvfuse/model/gguf.hpp"
-#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/model/tokenizer.hpp"
 #include "support/model_path.hpp"
 

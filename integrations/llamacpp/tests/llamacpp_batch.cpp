@@ -18,7 +18,7 @@
 #include "kvfuse/llamacpp.hpp"
 #include "kvfuse/llamacpp_batch.hpp"
 #include "kvfuse/model/gguf.hpp"
-#include "kvfuse/model/rag_prompt.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/model/tokenizer.hpp"
 #include "support/model_path.hpp"
 

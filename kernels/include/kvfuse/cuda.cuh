@@ -1,6 +1,6 @@
 #pragma once
 // Umbrella header of kvfuse::cuda: every kernel launcher (docs/kernels.md). Include it from .cu files
-// compiled by nvcc; the argument structs and CPU references alone are in kvfuse/ref/*.hpp (no CUDA).
+// compiled by nvcc; the argument structs alone are in kvfuse/kernel_args/*.hpp (no CUDA).
 
 #include "kvfuse/cuda/kv_scatter.cuh"
 #include "kvfuse/cuda/kv_topk.cuh"

@@ -4,7 +4,7 @@
 //   kv_scatter(args, stream)   cache row at slots[i] = compact row i     (recomputed tokens into the cache)
 //   kv_gather(args, stream)    compact row i = cache row at slots[i]     (reused chunks into the prompt buffer)
 //
-// Arguments, layouts and validation are shared with the CPU references in kvfuse/ref/kv_scatter.hpp; read
+// Arguments, layouts and validation are shared with the CPU references (kvfuse/kernel_args/kv_scatter.hpp); read
 // its header for the cache layouts. K and V move in the same launch. One warp per row (grid-stride), 16-byte
 // vector copies when every pointer, stride and head row is 16-byte aligned, element copies otherwise; the
 // bytes are copied unchanged. Slots and page-table entries are trusted (not checked on the GPU: out of range
@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "kvfuse/cuda/status.cuh"
-#include "kvfuse/ref/kv_scatter.hpp"
+#include "kvfuse/kernel_args/kv_scatter.hpp"
 
 namespace kvfuse::cuda {
 

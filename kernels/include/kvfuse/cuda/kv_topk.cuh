@@ -6,7 +6,7 @@
 //   top_k_tokens_by_sort(args, workspace, bytes, s) the same set by a full sort: the benchmark baseline
 //   hkvd_select(args, workspace, bytes, stream)     S_{l+1} from S_l by the same top-k (gradual filtering)
 //
-// Arguments, layouts and validation are shared with the CPU references in kvfuse/ref/kv_topk.hpp.
+// Arguments, layouts and validation are shared with the CPU references (kvfuse/kernel_args/kv_topk.hpp).
 //
 // Deviation: one warp per token, 16-byte vector loads when both tensors' pointers, strides and head rows are
 // 16-byte aligned (else scalar loads), fp32 sums reduced by a fixed butterfly: deterministic run to run,
@@ -42,7 +42,7 @@
 
 #include "kvfuse/cuda/status.cuh"
 #include "kvfuse/detail/topk.hpp"
-#include "kvfuse/ref/kv_topk.hpp"
+#include "kvfuse/kernel_args/kv_topk.hpp"
 
 namespace kvfuse::cuda {
 

@@ -1,6 +1,6 @@
 #pragma once
 // RoPE kernels: apply (Q and K), inverse (un-rotate cached K), and shift (move cached K from old to new
-// positions with ONE rotation by Δ = new − old). Arguments, layouts and validation: include/kvfuse/ref/
+// positions with ONE rotation by Δ = new − old). Arguments, layouts and validation: kvfuse/kernel_args/
 // rope.hpp (RopeArgs, shared with the CPU references); element math: detail/rope.hpp (fp32 angles exact
 // below position 2^24, sincosf, explicit-fma rotation, one RNE rounding at the store).
 //
@@ -32,7 +32,7 @@
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/cuda/status.cuh"
 #include "kvfuse/detail/rope.hpp"
-#include "kvfuse/ref/rope.hpp"
+#include "kvfuse/kernel_args/rope.hpp"
 
 namespace kvfuse::cuda {
 

@@ -2,7 +2,7 @@
 // Sparse-query attention with an exact positional causal mask (selective KV recompute, CacheBlend §4.2:
 // only the selected tokens' queries are computed): S selected query tokens attend to the full K/V of an
 // N-token prompt; key j is visible to query i iff pos_k[j] <= pos_q[i].
-// Arguments, semantics and layouts: kvfuse/ref/sparse_attention.hpp (SparseAttentionArgs, shared with the
+// Arguments, semantics and layouts: kvfuse/kernel_args/sparse_attention.hpp (SparseAttentionArgs, shared with the
 // CPU reference kvfuse::ref::sparse_attention). Element math: kvfuse/detail/attention.hpp.
 //
 //   kvfuse::SparseAttentionArgs a;           // fill sizes, device pointers, strides (0 = packed NHD)
@@ -49,7 +49,7 @@
 #include "kvfuse/core/dtype.hpp"
 #include "kvfuse/cuda/status.cuh"
 #include "kvfuse/detail/attention.hpp"
-#include "kvfuse/ref/sparse_attention.hpp"
+#include "kvfuse/kernel_args/sparse_attention.hpp"
 
 namespace kvfuse::cuda {
 
@@ -829,7 +829,7 @@ inline Status check_kernel_support(const SparseAttentionArgs& a) noexcept {
   return plan.splits > 1 ? impl::attn_split_bytes(a, plan.splits) : 0;
 }
 
-// Sparse-query attention on device pointers (see kvfuse/ref/sparse_attention.hpp for the semantics):
+// Sparse-query attention on device pointers (see kvfuse/kernel_args/sparse_attention.hpp for the semantics):
 // writes O and LSE, with num_chunks > 0 the chunk mass, with query_mass the query mass (one more kernel for
 // both; mass and query_mass are zeroed first, on the same stream) and with self_mass the self mass (a small
 // kernel). Preconditions that are not checked (device data): pos_k non-decreasing; chunk_starts

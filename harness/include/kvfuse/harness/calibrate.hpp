@@ -26,7 +26,7 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/prompt.hpp"
-#include "kvfuse/eval/metrics.hpp"
+#include "kvfuse/harness/metrics.hpp"
 #include "kvfuse/fusion/calibration.hpp"
 
 namespace kvfuse::eval {
