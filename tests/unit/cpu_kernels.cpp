@@ -15,7 +15,7 @@
 
 #include "kvfuse/backend/cpu/llama.hpp"
 #include "kvfuse/backend/cpu/weight_matrix.hpp"
-#include "kvfuse/detail/ggml_quant.hpp"
+#include "kvfuse/model/ggml_quant.hpp"
 #include "../support/small_llama.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).

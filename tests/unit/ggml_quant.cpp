@@ -1,10 +1,10 @@
-// ggml types and block formats (model/ggml_type.hpp, detail/ggml_quant.hpp). Each quantized type is checked on
+// ggml types and block formats (model/ggml_type.hpp, model/ggml_quant.hpp). Each quantized type is checked on
 // blocks packed here the way ggml's quantizers (quantize_row_*_ref) pack them, against values computed from the
 // format's definition (element e -> its quant and its group's scale); scales are powers of two or small dyadic
 // numbers, so the expected floats are exact whatever the order of operations. Then every type against random
 // blocks dequantized by an independent implementation, the Python gguf package
 // (tests/data/ggml_quant_vectors.txt, bit-exact), and fp16 / bf16 against an ldexp formula for all 65536 patterns.
-#include "kvfuse/detail/ggml_quant.hpp"
+#include "kvfuse/model/ggml_quant.hpp"
 #include "kvfuse/model/ggml_type.hpp"
 
 #include <doctest/doctest.h>

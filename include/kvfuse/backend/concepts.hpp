@@ -72,13 +72,15 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/types.hpp"
-#include "kvfuse/schedule/loading_controller.hpp"
 
 namespace kvfuse {
 
@@ -130,6 +132,21 @@ template <class S>
 }
 
 }  // namespace detail
+
+// A storage tier as CacheBlend §5.1's loading controller (schedule/loading_controller.hpp) sees it.
+struct StorageDevice {
+  std::string name;
+  double cost_per_gb = 0;            // C_store per GB for the storage period considered (e.g. per month)
+  double bandwidth_bytes_per_s = 0;  // Throughput(storage_device), measured offline
+  double latency_s = 0;              // fixed delay of each per-layer fetch
+
+  void validate() const {
+    detail::require_finite_nonneg(cost_per_gb, fmt::format("StorageDevice '{}': cost_per_gb", name));
+    detail::require_finite_positive(bandwidth_bytes_per_s,
+                                    fmt::format("StorageDevice '{}': bandwidth_bytes_per_s", name));
+    detail::require_finite_nonneg(latency_s, fmt::format("StorageDevice '{}': latency_s", name));
+  }
+};
 
 // What a store's reads delivered, measured (ThrottledKVStore per link, TieredKVStore per tier): a loading
 // controller fed with these uses the tier's measured throughput rather than a nominal one.

@@ -61,7 +61,6 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/types.hpp"
-#include "kvfuse/schedule/loading_controller.hpp"
 
 namespace kvfuse {
 

@@ -5,7 +5,7 @@
 // and the block and byte sizes of `type_traits` in ggml/src/ggml.c (the Python `gguf` package's
 // GGML_QUANT_SIZES). The numbers are the ones a GGUF tensor info stores.
 //
-// fmt-free and KVFUSE_HOST_DEVICE, so the dequantizers of detail/ggml_quant.hpp (shared with CUDA kernels)
+// fmt-free and KVFUSE_HOST_DEVICE, so the dequantizers of model/ggml_quant.hpp (shared with CUDA kernels)
 // use this very table.
 
 #include <cstdint>

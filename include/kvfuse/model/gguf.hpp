@@ -25,7 +25,7 @@
 // file either. (A file truncated by another process while mapped can still raise SIGBUS: mmap's contract.)
 //
 // The tensor types (GGMLType, ggml_type_traits) are in model/ggml_type.hpp, the block formats and
-// dequantization math in detail/ggml_quant.hpp (both KVFUSE_HOST_DEVICE, shared with CUDA kernels); this
+// dequantization math in model/ggml_quant.hpp (both KVFUSE_HOST_DEVICE, shared with CUDA kernels); this
 // header adds the file handling and the checks.
 
 #include <fcntl.h>
@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "kvfuse/core/error.hpp"
-#include "kvfuse/detail/ggml_quant.hpp"
+#include "kvfuse/model/ggml_quant.hpp"
 #include "kvfuse/model/ggml_type.hpp"
 
 namespace kvfuse {

@@ -34,6 +34,7 @@
 
 #include <fmt/format.h>
 
+#include "kvfuse/backend/concepts.hpp"
 #include "kvfuse/core/error.hpp"
 
 namespace kvfuse {
@@ -64,20 +65,6 @@ struct LoadingRequest {
   // Bytes of KV cache loaded per layer: PerTokenKVSize(LLM) * L.
   [[nodiscard]] double kv_bytes_per_layer() const {
     return kv_bytes_per_token_per_layer * static_cast<double>(context_tokens);
-  }
-};
-
-struct StorageDevice {
-  std::string name;
-  double cost_per_gb = 0;            // C_store per GB for the storage period considered (e.g. per month)
-  double bandwidth_bytes_per_s = 0;  // Throughput(storage_device), measured offline
-  double latency_s = 0;              // fixed delay of each per-layer fetch
-
-  void validate() const {
-    detail::require_finite_nonneg(cost_per_gb, fmt::format("StorageDevice '{}': cost_per_gb", name));
-    detail::require_finite_positive(bandwidth_bytes_per_s,
-                                    fmt::format("StorageDevice '{}': bandwidth_bytes_per_s", name));
-    detail::require_finite_nonneg(latency_s, fmt::format("StorageDevice '{}': latency_s", name));
   }
 };
 

@@ -1,7 +1,7 @@
 #pragma once
 // WeightMatrix: a weight matrix W [rows][cols] of the reference CPU backend (row-major, a projection is
 // y = W x), held as the model file stores it: fp32 values, or rows of ggml blocks (any dequantizable GGMLType,
-// detail/ggml_quant.hpp) that are dequantized when used — a Q4_1 matrix takes 5 bits a weight instead of 32.
+// model/ggml_quant.hpp) that are dequantized when used — a Q4_1 matrix takes 5 bits a weight instead of 32.
 // Dequantization is ggml's reference (detail::dequantize_blocks), so a row dequantized here is bit-identical
 // to GGUFFile::dequantize of the same tensor.
 //
@@ -19,7 +19,7 @@
 #include <Eigen/Core>
 
 #include "kvfuse/core/error.hpp"
-#include "kvfuse/detail/ggml_quant.hpp"
+#include "kvfuse/model/ggml_quant.hpp"
 #include "kvfuse/model/ggml_type.hpp"
 
 namespace kvfuse {
