@@ -31,7 +31,7 @@ start_server() {
 }
 start_server
 
-args=(--model "$model" --data "$data" --limit 3 --max-passages 2 --max-passage-tokens 40 --max-new-tokens 8
+args=(--model "$model" --data "$data" --limit 3 --max-passages 2 --max-passage-tokens 40 --max-new-tokens 4
       --methods naive,cacheblend,attnlink@4 --no-plot)
 "$bin" "${args[@]}" --out "$out/memory" >/dev/null
 "$bin" "${args[@]}" --out "$out/redis" --store "redis://127.0.0.1:$port" >/dev/null
