@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kvfuse/backend/cpu/dequantize.hpp"
 #include "kvfuse/backend/cpu/llama.hpp"
 #include "kvfuse/backend/cpu/weight_matrix.hpp"
 #include "kvfuse/model/ggml_quant.hpp"
@@ -114,6 +115,24 @@ TEST_CASE("gemm_packed: dispatched and portable products equal the double produc
   }
 }
 
+TEST_CASE("pack_transposed: the dispatched packer moves the same floats as the portable one, any row stride") {
+  std::mt19937 rng(9);
+  for (const std::int64_t n : {1, 8, 16, 31, 32, 48}) {
+    for (const std::int64_t k : {1, 7, 8, 64, 576}) {
+      for (const std::int64_t extra : {0, 3, 64}) {  // row stride ld_s = k + extra
+        const std::int64_t ld = k + extra;
+        const std::vector<float> src = random_floats(static_cast<std::size_t>(n * ld), rng);
+        std::vector<float> fast(static_cast<std::size_t>(d::packed_size(k, n)), -1.0f);
+        std::vector<float> slow(fast.size(), -2.0f);
+        d::pack_transposed(src.data(), ld, n, k, fast.data());
+        d::portable::pack_transposed(src.data(), ld, n, k, slow.data());
+        INFO("n " << n << " k " << k << " ld " << ld);
+        CHECK(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("gemv: dispatched and portable equal the double dot products") {
   std::mt19937 rng(8);
   for (const std::int64_t k : {1, 7, 8, 16, 33, 576}) {
@@ -163,9 +182,39 @@ TEST_CASE("softmax_row: the dispatched softmax equals attention_softmax_row to f
   }
 }
 
+TEST_CASE("dequantize_blocks_cpu (AVX2 where the CPU has it) equals ggml's reference bit for bit, any scale bits") {
+  // Random bytes everywhere, scales included: fp16 scales that are NaN, infinite, subnormal or zero come up, and
+  // products that overflow or round; the reference's arithmetic must be reproduced to the last bit, NaN payloads
+  // included (compared as bytes).
+  std::mt19937 rng(11);
+  INFO("AVX2 path taken: " << d::cpu_uses_avx2());
+  for (const GGMLType type : {GGMLType::q4_1, GGMLType::q5_0, GGMLType::q8_0, GGMLType::q4_0, GGMLType::q4_k,
+                              GGMLType::q6_k}) {
+    const kvfuse::GGMLTypeTraits traits = kvfuse::ggml_type_traits(type);
+    INFO("type " << traits.name);
+    const std::int64_t blocks = 4096;
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(blocks * traits.type_size));
+    for (std::uint8_t& b : bytes) b = static_cast<std::uint8_t>(rng() & 0xff);
+    for (const std::uint16_t h : {std::uint16_t{0x7c00}, std::uint16_t{0xfc00}, std::uint16_t{0x7e01},
+                                  std::uint16_t{0x0001}, std::uint16_t{0x8000}, std::uint16_t{0x7bff}}) {
+      bytes[0] = static_cast<std::uint8_t>(h & 0xff);  // block 0's scale: inf, -inf, NaN, subnormal, -0, max
+      bytes[1] = static_cast<std::uint8_t>(h >> 8);
+      std::vector<float> expected(static_cast<std::size_t>(blocks * traits.block_size));
+      std::vector<float> got(expected.size(), -1.0f);
+      REQUIRE(d::dequantize_blocks(type, bytes.data(), blocks, expected.data()));
+      REQUIRE(d::dequantize_blocks_cpu(type, bytes.data(), blocks, got.data()));
+      CHECK(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  std::vector<float> untouched(32, 7.0f);
+  CHECK_FALSE(d::dequantize_blocks_cpu(GGMLType::iq2_xs, nullptr, 1, untouched.data()));
+  CHECK(untouched[0] == 7.0f);
+}
+
 TEST_CASE("WeightMatrix: rows dequantized on the fly are the whole tensor's dequantization, bit for bit") {
   std::mt19937 rng(10);
-  for (const GGMLType type : {GGMLType::q4_1, GGMLType::q8_0, GGMLType::q4_k, GGMLType::q6_k, GGMLType::f16}) {
+  for (const GGMLType type : {GGMLType::q4_1, GGMLType::q5_0, GGMLType::q8_0, GGMLType::q4_k, GGMLType::q6_k,
+                              GGMLType::f16}) {
     const std::int64_t rows = 5;
     const std::int64_t cols = 512;
     const std::vector<std::byte> bytes = random_blocks(type, rows, cols, rng);

@@ -41,21 +41,6 @@ inline std::int64_t packed_size(std::int64_t k, std::int64_t n) {
   return (n + kPanelWidth - 1) / kPanelWidth * kPanelWidth * k;
 }
 
-// Panels of B = S^T for a row-major S [n][k] with row stride ld_s (B[p][j] = S[j][p]): weight rows W [out][in]
-// become the B of y = x W^T, key rows the B of q K^T.
-inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, std::int64_t k, float* panels) {
-  for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
-    float* panel = panels + j0 * k;
-    const std::int64_t nj = std::min(kPanelWidth, n - j0);
-    for (std::int64_t j = 0; j < nj; ++j) {
-      const float* row = s + (j0 + j) * ld_s;
-      for (std::int64_t p = 0; p < k; ++p) panel[p * kPanelWidth + j] = row[p];
-    }
-    for (std::int64_t j = nj; j < kPanelWidth; ++j)
-      for (std::int64_t p = 0; p < k; ++p) panel[p * kPanelWidth + j] = 0.0f;
-  }
-}
-
 // Panels of B = S for a row-major S [k][n] with row stride ld_s (value rows V, the B of P V).
 inline void pack_rows(const float* s, std::int64_t ld_s, std::int64_t k, std::int64_t n, float* panels) {
   for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
@@ -71,6 +56,21 @@ inline void pack_rows(const float* s, std::int64_t ld_s, std::int64_t k, std::in
 }
 
 namespace portable {
+
+// Panels of B = S^T for a row-major S [n][k] with row stride ld_s (B[p][j] = S[j][p]): weight rows W [out][in]
+// become the B of y = x W^T, key rows the B of q K^T.
+inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, std::int64_t k, float* panels) {
+  for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
+    float* panel = panels + j0 * k;
+    const std::int64_t nj = std::min(kPanelWidth, n - j0);
+    for (std::int64_t j = 0; j < nj; ++j) {
+      const float* row = s + (j0 + j) * ld_s;
+      for (std::int64_t p = 0; p < k; ++p) panel[p * kPanelWidth + j] = row[p];
+    }
+    for (std::int64_t j = nj; j < kPanelWidth; ++j)
+      for (std::int64_t p = 0; p < k; ++p) panel[p * kPanelWidth + j] = 0.0f;
+  }
+}
 
 // C[i][j] = Σ_p A[i][p] B[p][j] for MR rows of A and one panel of B, j < nc (<= 16) stored.
 template <int MR>
@@ -180,6 +180,43 @@ KVFUSE_TARGET_AVX2 inline void gemm_packed(const float* a, std::int64_t lda, std
   }
 }
 
+// portable::pack_transposed (the same floats, only moved) with 8 x 8 blocks transposed in registers: whole
+// panels of 16 rows with k a multiple of 8; anything else the portable loop.
+KVFUSE_TARGET_AVX2 inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, std::int64_t k,
+                                               float* panels) {
+  if (k % 8 != 0) return portable::pack_transposed(s, ld_s, n, k, panels);
+  const std::int64_t whole = n / kPanelWidth * kPanelWidth;
+  for (std::int64_t j0 = 0; j0 < whole; j0 += kPanelWidth) {
+    float* panel = panels + j0 * k;
+    for (std::int64_t half = 0; half < kPanelWidth; half += 8) {
+      const float* rows = s + (j0 + half) * ld_s;
+      for (std::int64_t p = 0; p < k; p += 8) {
+        __m256 r[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + i * ld_s + p);
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+        float* dst = panel + p * kPanelWidth + half;  // column p + i of the 8 rows: panel row p + i
+        _mm256_storeu_ps(dst + 0 * kPanelWidth, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(dst + 1 * kPanelWidth, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(dst + 2 * kPanelWidth, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(dst + 3 * kPanelWidth, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(dst + 4 * kPanelWidth, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(dst + 5 * kPanelWidth, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(dst + 6 * kPanelWidth, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(dst + 7 * kPanelWidth, _mm256_permute2f128_ps(u3, u7, 0x31));
+      }
+    }
+  }
+  if (whole < n) portable::pack_transposed(s + whole * ld_s, ld_s, n - whole, k, panels + whole * k);
+}
+
 // Horizontal sum of the 8 lanes.
 KVFUSE_TARGET_AVX2 inline float hsum(__m256 v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -269,6 +306,15 @@ inline bool cpu_uses_avx2() noexcept {
 }
 
 // The dispatched kernels: the avx2 version where cpu_uses_avx2(), else the portable one.
+
+// Panels of B = S^T for a row-major S [n][k] with row stride ld_s (B[p][j] = S[j][p]): weight rows W [out][in]
+// become the B of y = x W^T, key rows the B of q K^T.
+inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, std::int64_t k, float* panels) {
+#if KVFUSE_CPU_DISPATCH_AVX2
+  if (cpu_uses_avx2()) return avx2::pack_transposed(s, ld_s, n, k, panels);
+#endif
+  portable::pack_transposed(s, ld_s, n, k, panels);
+}
 
 // C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels, see the header).
 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, const float* panels,

@@ -398,17 +398,39 @@ class CpuLlama {
     return work < kParallelWork ? 1 : std::max<std::int64_t>(1, std::min<std::int64_t>(pool_->size(), max_tasks));
   }
 
+  // Dequantizing and packing a weight costs about as much as this many rows of x multiplying it: the work a
+  // projection of m rows is split by (tasks_for) is (m + kPackRows) · out · k, so that a decoding step's
+  // projections (m = 1, where dequantization is nearly all the work) use every thread too.
+  static constexpr std::int64_t kPackRows = 16;
+
   // y = x W^T, split over the rows of W (output features) in whole panels: each task packs its rows of W
-  // (dequantized) into `panels` (detail/cpu_kernels.hpp's layout, one buffer per call of run) and multiplies
-  // every row of x by them.
+  // (dequantized) into panels (detail/cpu_kernels.hpp's layout) and multiplies every row of x by them. Up to
+  // detail::kRowBlock rows of x (decoding, small batches) a task packs one panel at a time into a buffer of its
+  // own and uses it while it is in cache; more rows share `panels` (one buffer per call of run), packed once
+  // for every block of rows. Each output is the same chain of multiply-adds either way (gemm_tile's), so the
+  // result of a row does not depend on how many rows are multiplied with it.
   void project(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y, std::vector<float>& panels) const {
     const std::int64_t m = x.rows();
     const std::int64_t out = w.rows();
     const std::int64_t k = w.cols();
     y.resize(m, out);
     const std::int64_t n_panels = (out + detail::kPanelWidth - 1) / detail::kPanelWidth;
+    const std::int64_t tasks = tasks_for((m + kPackRows) * out * k, n_panels);
+    if (m <= detail::kRowBlock) {
+      pool_->parallel_for(tasks, [&](std::int64_t t) {
+        const std::int64_t c0 = n_panels * t / tasks * detail::kPanelWidth;
+        const std::int64_t c1 = std::min(out, n_panels * (t + 1) / tasks * detail::kPanelWidth);
+        thread_local std::vector<float> panel;
+        panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
+        for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
+          const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
+          pack_weight_rows(w, c, c + n, panel.data());
+          detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
+        }
+      });
+      return;
+    }
     panels.resize(static_cast<std::size_t>(detail::packed_size(k, out)));
-    const std::int64_t tasks = tasks_for(m * out * k, n_panels);
     pool_->parallel_for(tasks, [&](std::int64_t t) {
       const std::int64_t c0 = n_panels * t / tasks * detail::kPanelWidth;
       const std::int64_t c1 = std::min(out, n_panels * (t + 1) / tasks * detail::kPanelWidth);
@@ -437,11 +459,14 @@ class CpuLlama {
     }
   }
 
-  // y[j − r0] = W[j] · x for rows j in [r0, r1) of W (the output head), dequantized kHeadTile rows at a time.
-  static void matvec_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, const float* x, float* y) {
+  // ys[i][j] = W[j] · xs.row(i) for rows j in [r0, r1) of W (the output head) and every row i of xs, W dequantized
+  // kHeadTile rows at a time, once for all of xs; each product is detail::gemv's, whatever the other rows.
+  static void matvec_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, const RowMatrix& xs,
+                          std::span<float* const> ys) {
     const std::int64_t k = w.cols();
     if (w.is_f32()) {
-      detail::gemv(w.values().data() + r0 * k, k, r1 - r0, k, x, y);
+      for (std::size_t i = 0; i < ys.size(); ++i)
+        detail::gemv(w.values().data() + r0 * k, k, r1 - r0, k, xs.row(static_cast<Eigen::Index>(i)).data(), ys[i]);
       return;
     }
     thread_local std::vector<float> rows;
@@ -449,7 +474,8 @@ class CpuLlama {
     for (std::int64_t r = r0; r < r1; r += kHeadTile) {
       const std::int64_t n = std::min(kHeadTile, r1 - r);
       w.dequantize_rows(r, n, rows.data());
-      detail::gemv(rows.data(), k, n, k, x, y + (r - r0));
+      for (std::size_t i = 0; i < ys.size(); ++i)
+        detail::gemv(rows.data(), k, n, k, xs.row(static_cast<Eigen::Index>(i)).data(), ys[i] + (r - r0));
     }
   }
 
@@ -935,23 +961,34 @@ class CpuLlama {
       regather(keep);
     }
 
-    const WeightMatrix& head = weights_.output_head();
-    for (std::size_t it = 0; it < n_items; ++it) {
-      BatchItem& item = items[it];
-      if (!act[it].live || !item.want_logits) continue;
-      RowMatrix last = h.row(act[it].offset + static_cast<std::int64_t>(act[it].sel.size()) - 1);
+    // The output head for every item that wants logits at once: each tile of the head is dequantized once for all
+    // of their last rows.
+    std::vector<std::size_t> heads;
+    for (std::size_t it = 0; it < n_items; ++it)
+      if (act[it].live && items[it].want_logits) heads.push_back(it);
+    if (heads.empty()) return;
+    RowMatrix lasts(static_cast<Eigen::Index>(heads.size()), config_.n_embd);
+    for (std::size_t i = 0; i < heads.size(); ++i) {
+      const Active& a = act[heads[i]];
+      RowMatrix last = h.row(a.offset + static_cast<std::int64_t>(a.sel.size()) - 1);
       rms_norm(last, weights_.output_norm, x);
-      item.logits.resize(static_cast<std::size_t>(config_.n_vocab));
-      const std::int64_t tasks = tasks_for(head.size(), config_.n_vocab / 256);
-      pool_->parallel_for(tasks, [&](std::int64_t t) {
-        const std::int64_t r0 = config_.n_vocab * t / tasks;
-        const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
-        matvec_rows(head, r0, r1, x.data(), item.logits.data() + r0);
-      });
-      if (config_.final_logit_softcap > 0) {
-        const auto cap = static_cast<float>(config_.final_logit_softcap);
-        for (float& z : item.logits) z = detail::softcap(z, cap);
-      }
+      lasts.row(static_cast<Eigen::Index>(i)) = x.row(0);
+      items[heads[i]].logits.resize(static_cast<std::size_t>(config_.n_vocab));
+    }
+    const WeightMatrix& head = weights_.output_head();
+    const auto n_heads = static_cast<std::int64_t>(heads.size());
+    const std::int64_t tasks = tasks_for((n_heads + kPackRows) * head.size(), config_.n_vocab / 256);
+    pool_->parallel_for(tasks, [&](std::int64_t t) {
+      const std::int64_t r0 = config_.n_vocab * t / tasks;
+      const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
+      std::vector<float*> ys(heads.size());
+      for (std::size_t i = 0; i < heads.size(); ++i) ys[i] = items[heads[i]].logits.data() + r0;
+      matvec_rows(head, r0, r1, lasts, ys);
+    });
+    if (config_.final_logit_softcap > 0) {
+      const auto cap = static_cast<float>(config_.final_logit_softcap);
+      for (const std::size_t it : heads)
+        for (float& z : items[it].logits) z = detail::softcap(z, cap);
     }
   }
 

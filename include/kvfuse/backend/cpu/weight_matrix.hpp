@@ -2,8 +2,8 @@
 // WeightMatrix: a weight matrix W [rows][cols] of the reference CPU backend (row-major, a projection is
 // y = W x), held as the model file stores it: fp32 values, or rows of ggml blocks (any dequantizable GGMLType,
 // model/ggml_quant.hpp) that are dequantized when used — a Q4_1 matrix takes 5 bits a weight instead of 32.
-// Dequantization is ggml's reference (detail::dequantize_blocks), so a row dequantized here is bit-identical
-// to GGUFFile::dequantize of the same tensor.
+// Dequantization gives ggml's reference bits (detail::dequantize_blocks_cpu: AVX2 for the common types, the same
+// values), so a row dequantized here is bit-identical to GGUFFile::dequantize of the same tensor.
 //
 // The products (CpuLlama::project) dequantize the rows of a panel of outputs at a time and run the dense
 // kernels of detail/cpu_kernels.hpp on them.
@@ -18,6 +18,7 @@
 
 #include <Eigen/Core>
 
+#include "kvfuse/backend/cpu/dequantize.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/model/ggml_quant.hpp"
 #include "kvfuse/model/ggml_type.hpp"
@@ -90,7 +91,7 @@ class WeightMatrix {
       return;
     }
     const GGMLTypeTraits traits = ggml_type_traits(type_);
-    detail::dequantize_blocks(type_, blocks_.data() + first * row_bytes_, n * cols_ / traits.block_size, out);
+    detail::dequantize_blocks_cpu(type_, blocks_.data() + first * row_bytes_, n * cols_ / traits.block_size, out);
   }
 
   // Elements [first, first + count) in row-major order as fp32.
