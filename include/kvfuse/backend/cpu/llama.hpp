@@ -398,11 +398,6 @@ class CpuLlama {
     return work < kParallelWork ? 1 : std::max<std::int64_t>(1, std::min<std::int64_t>(pool_->size(), max_tasks));
   }
 
-  // Dequantizing and packing a weight costs about as much as this many rows of x multiplying it: the work a
-  // projection of m rows is split by (tasks_for) is (m + kPackRows) · out · k, so that a decoding step's
-  // projections (m = 1, where dequantization is nearly all the work) use every thread too.
-  static constexpr std::int64_t kPackRows = 16;
-
   // y = x W^T, split over the rows of W (output features) in whole panels: each task packs its rows of W
   // (dequantized) into panels (detail/cpu_kernels.hpp's layout) and multiplies every row of x by them. Up to
   // detail::kRowBlock rows of x (decoding, small batches) a task packs one panel at a time into a buffer of its
@@ -415,7 +410,9 @@ class CpuLlama {
     const std::int64_t k = w.cols();
     y.resize(m, out);
     const std::int64_t n_panels = (out + detail::kPanelWidth - 1) / detail::kPanelWidth;
-    const std::int64_t tasks = tasks_for((m + kPackRows) * out * k, n_panels);
+    // A one-row projection (decoding) stays on the calling thread: its ~0.1 ms of work would wait for a worker to
+    // wake once per projection, and on a machine busy with other processes that wait is a scheduler time slice.
+    const std::int64_t tasks = tasks_for(m * out * k, n_panels);
     if (m <= detail::kRowBlock) {
       pool_->parallel_for(tasks, [&](std::int64_t t) {
         const std::int64_t c0 = n_panels * t / tasks * detail::kPanelWidth;
@@ -977,7 +974,7 @@ class CpuLlama {
     }
     const WeightMatrix& head = weights_.output_head();
     const auto n_heads = static_cast<std::int64_t>(heads.size());
-    const std::int64_t tasks = tasks_for((n_heads + kPackRows) * head.size(), config_.n_vocab / 256);
+    const std::int64_t tasks = tasks_for(n_heads * head.size(), config_.n_vocab / 256);
     pool_->parallel_for(tasks, [&](std::int64_t t) {
       const std::int64_t r0 = config_.n_vocab * t / tasks;
       const std::int64_t r1 = config_.n_vocab * (t + 1) / tasks;
