@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Two builds of kvfuse-rag-eval on the same decode-heavy run, alternated: wall time of each run (CSV) and whether the
+# two produce the same figures (every field of results.json but the timings).
+#   bash scripts/bench_decode.sh BEFORE_BIN AFTER_BIN OUT_DIR [RUNS]
+# The run: one MuSiQue question (question 0, 2 passages cut to 40 tokens), full prefill, naive reuse and CacheBlend,
+# 8 answer tokens each, teacher-forced: mostly one-token forward passes. Writes OUT_DIR/decode.csv (run, build,
+# seconds) and OUT_DIR/summary.json (medians, their ratio, same_figures).
+set -euo pipefail
+before=$1 after=$2 out=$3 runs=${4:-5}
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+model=${KVFUSE_MODEL:-$(bash "$root/scripts/fetch_model.sh" smollm2)}
+data=$root/../shared/data/musique_dev.json
+mkdir -p "$out"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "run,build,seconds" >"$out/decode.csv"
+for ((i = 1; i <= runs; i++)); do
+  for build in before after; do
+    bin=$before
+    [[ $build == after ]] && bin=$after
+    start=$(date +%s.%N)
+    "$bin" --model "$model" --data "$data" --limit 1 --max-passages 2 --max-passage-tokens 40 --max-new-tokens 8 \
+      --methods naive,cacheblend --threads 2 --no-plot --out "$tmp/$build" >/dev/null 2>&1
+    end=$(date +%s.%N)
+    echo "$i,$build,$(python3 -c "print(round($end - $start, 3))")" >>"$out/decode.csv"
+  done
+done
+python3 - "$out" "$tmp" <<'PY'
+import csv, json, statistics, sys
+out, tmp = sys.argv[1], sys.argv[2]
+rows = list(csv.DictReader(open(f"{out}/decode.csv")))
+med = {b: statistics.median(float(r["seconds"]) for r in rows if r["build"] == b) for b in ("before", "after")}
+def figures(x):  # every field but the timings
+    if isinstance(x, dict):
+        return {k: figures(v) for k, v in x.items() if not ("_ms" in k or k.startswith("ttft") or k == "layers")}
+    if isinstance(x, list):
+        return [figures(v) for v in x]
+    return x
+same = figures(json.load(open(f"{tmp}/before/results.json"))) == figures(json.load(open(f"{tmp}/after/results.json")))
+summary = {"median_s": med, "speedup": round(med["before"] / med["after"], 2), "runs": len(rows) // 2,
+           "same_figures": same}
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print(json.dumps(summary))
+PY
