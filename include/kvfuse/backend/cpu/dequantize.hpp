@@ -11,7 +11,6 @@
 
 #include <cstdint>
 
-#include "kvfuse/core/config.hpp"
 #include "kvfuse/detail/cpu_kernels.hpp"
 #include "kvfuse/model/ggml_quant.hpp"
 #include "kvfuse/model/ggml_type.hpp"
@@ -32,7 +31,7 @@ KVFUSE_TARGET_AVX2_NO_FMA inline void nibbles(const std::uint8_t* qs, __m128i& l
   hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
 }
 
-// y[0..8) = float(b[0..8)) * d (+ m): 8 signed bytes of the low half of `b`.
+// The 8 signed bytes of the low half of `b` as floats (exact).
 KVFUSE_TARGET_AVX2_NO_FMA inline __m256 bytes_to_float(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
 
 // Q4_1: y = q·d + m (product rounded, then the sum).

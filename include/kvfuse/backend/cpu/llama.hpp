@@ -410,30 +410,27 @@ class CpuLlama {
     const std::int64_t k = w.cols();
     y.resize(m, out);
     const std::int64_t n_panels = (out + detail::kPanelWidth - 1) / detail::kPanelWidth;
-    // A one-row projection (decoding) stays on the calling thread: its ~0.1 ms of work would wait for a worker to
-    // wake once per projection, and on a machine busy with other processes that wait is a scheduler time slice.
+    const bool few_rows = m <= detail::kRowBlock;
+    if (!few_rows) panels.resize(static_cast<std::size_t>(detail::packed_size(k, out)));
+    // Split by multiply-adds only: a one-row projection (decoding) stays on the calling thread, as its ~0.1 ms
+    // would otherwise wait for a worker to wake, a scheduler time slice when other processes share the cores.
     const std::int64_t tasks = tasks_for(m * out * k, n_panels);
-    if (m <= detail::kRowBlock) {
-      pool_->parallel_for(tasks, [&](std::int64_t t) {
-        const std::int64_t c0 = n_panels * t / tasks * detail::kPanelWidth;
-        const std::int64_t c1 = std::min(out, n_panels * (t + 1) / tasks * detail::kPanelWidth);
-        thread_local std::vector<float> panel;
-        panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
-        for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
-          const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
-          pack_weight_rows(w, c, c + n, panel.data());
-          detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
-        }
-      });
-      return;
-    }
-    panels.resize(static_cast<std::size_t>(detail::packed_size(k, out)));
     pool_->parallel_for(tasks, [&](std::int64_t t) {
       const std::int64_t c0 = n_panels * t / tasks * detail::kPanelWidth;
       const std::int64_t c1 = std::min(out, n_panels * (t + 1) / tasks * detail::kPanelWidth);
-      float* mine = panels.data() + c0 * k;
-      pack_weight_rows(w, c0, c1, mine);
-      detail::gemm_packed(x.data(), k, m, k, mine, c1 - c0, y.data() + c0, out);
+      if (!few_rows) {
+        float* mine = panels.data() + c0 * k;
+        pack_weight_rows(w, c0, c1, mine);
+        detail::gemm_packed(x.data(), k, m, k, mine, c1 - c0, y.data() + c0, out);
+        return;
+      }
+      thread_local std::vector<float> panel;
+      panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
+      for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
+        const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
+        pack_weight_rows(w, c, c + n, panel.data());
+        detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
+      }
     });
   }
 
