@@ -33,7 +33,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 nvcc=$(command -v nvcc) || { echo "bench_kernels.sh: nvcc not found" >&2; exit 1; }
 arch=${KVFUSE_CUDA_ARCH:-90}
 flags=(-std=c++20 -O3 -lineinfo -gencode "arch=compute_$arch,code=sm_$arch" -Xcompiler=-Wall,-Wextra
-       -Iinclude -Ikernels/include -Itests/gpu -Ibench/cuda)
+       -Iinclude -Iharness/include -Ikernels/include -Itests/gpu -Ibench/cuda)
 
 {
   date -u '+# %Y-%m-%d %H:%M UTC'
