@@ -12,13 +12,24 @@ FLOPs of causal attention 4 * Hq * d * N(N+1)/2 (the sparse kernel's 4 * Hq * d 
 every token selected). Prints a markdown table. Exits 0 with a message when torch or a GPU is missing.
 """
 
-import inspect
 import statistics
 import sys
 
 HQ, HKV = 32, 8
 SIZES = (8192, 32768)
 HEAD_DIMS = (64, 128)
+
+
+def supports_enable_gqa(torch, F) -> bool:
+    """Whether this PyTorch's SDPA takes enable_gqa (2.5+). A builtin has no inspectable signature, so ask
+    it: a tiny call with the keyword either runs or raises TypeError."""
+    q = torch.zeros(1, 2, 1, 8, device="cuda")
+    kv = torch.zeros(1, 1, 1, 8, device="cuda")
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
 
 
 def main() -> int:
@@ -41,7 +52,7 @@ def main() -> int:
         def flash_only():
             return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
 
-    gqa_native = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    gqa_native = supports_enable_gqa(torch, F)
     gqa_mode = "enable_gqa=True" if gqa_native else "K/V repeated to Hq heads"
     props = torch.cuda.get_device_properties(0)
     print(f"# device: {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
