@@ -297,6 +297,55 @@ def check_cake_defaults(root):
     page.compare("| link MB/s | chunks (compute / fetch) |", "cake-real.md, Cake at its defaults", expected)
 
 
+def markdown_tables(text):
+    """Every Markdown table of text, as lists of rows of cells (header and |---| line left out)."""
+    tables, rows = [], None
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            if rows is None:
+                rows = []  # the header
+            elif not set(line) <= set("|-: "):
+                rows.append(cells(line))
+        elif rows is not None:
+            tables.append(rows)
+            rows = None
+    return tables
+
+
+def check_kernels(root):
+    """docs/kernels.md, Results: the GPU benchmarks (results/kernels-2026-11-27/bench.md, scripts/bench_kernels.sh's
+    tables, and sdpa.md, scripts/bench_sdpa.py's): sparse attention with every query against SDPA, top-k, and the
+    figures of the goals table."""
+    page = Page(root, "docs/kernels.md")
+    d = root / "docs/results/kernels-2026-11-27"
+    bench = {part.split("\n", 1)[0].strip(): markdown_tables(part)[0]
+             for part in (d / "bench.md").read_text(encoding="utf-8").split("## bench-")[1:]}
+    sdpa = {(r[0], r[1]): r for r in markdown_tables((d / "sdpa.md").read_text(encoding="utf-8"))[0]}
+
+    dense = {(r[0], r[1]): r for r in bench["bench_sparse_attention"] if r[2] == "100 %"}
+    pct = {k: 100 * float(r[5]) / float(sdpa[k][3]) for k, r in dense.items()}
+    page.compare("| N, head_dim | kvfuse, every query (ms) |", "kernels.md, sparse attention vs SDPA",
+                 {f"{k[0]}, {k[1]}": [r[4], r[5], sdpa[k][2], sdpa[k][3], f"{pct[k]:.1f} %"] for k, r in dense.items()})
+
+    topk = {r[0]: [r[1], r[2], r[3], r[4], r[5], r[9]] for r in bench["bench_topk"]}
+    page.compare("| N | k | top-k radix (µs) | in a CUDA graph (µs) |", "kernels.md, top-k", topk)
+
+    rope = [(float(r[6]), float(r[10])) for r in bench["bench_rope"]]
+    span = lambda xs: f"{min(xs):.1f}–{max(xs):.1f} %"
+    want = {"RoPE apply / inverse / shift, ≥ 16 MB": span([p for mb, p in rope if mb >= 16]),
+            "RoPE apply / inverse / shift, < 16 MB": span([p for mb, p in rope if mb < 16]),
+            "sparse-query attention, every query": span(pct.values()),
+            "top-k, N = 128K": f"{topk['131072'][1]} µs ({topk['131072'][2]} µs in a CUDA graph)"}
+    i = find_line(page.lines, "| kernel | measure | goal | measured | met |")
+    _, rows = table_after(page.lines, i or 0)
+    for what, value in want.items():
+        kernel, measure = what.split(", ", 1)
+        n, row = next(((n, r) for n, r in rows if r[0] == kernel and measure in r[1]), (i or 0, None))
+        if row is None or row[3] != value:
+            problem(page.name, n + 1, f"kernels.md, goals, {what}: the page has '{row[3] if row else None}', "
+                                      f"the raw data gives '{value}'")
+
+
 # ---------------------------------------------------------------------------------------------------- provenance
 
 MEASURED_HEADER = re.compile(r"\b(ms|MB/s|GB/s|Gbps|tok/s|tokens/s|TTFT|KL|RSS|MiB|GFLOP/s|µs|median|throughput)\b")
@@ -396,6 +445,7 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
+              lambda: check_kernels(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
