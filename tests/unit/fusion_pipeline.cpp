@@ -6,6 +6,7 @@
 // (Release builds with the model files).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -467,6 +468,24 @@ class FixedSetEngine {
 };
 static_assert(FixedSetFusionBackend<FixedSetEngine> && !PerLayerFusionBackend<FixedSetEngine>);
 
+// The fixed-set engine with a cost per forward call (RunCostBackend), counting the runs of adjacent rows each
+// prefill gets: llama.cpp's integration decodes each run in a call of its own.
+class RunCostEngine : public FixedSetEngine {
+ public:
+  RunCostEngine(const CpuLlama& model, std::int64_t cost) : FixedSetEngine(model), cost_(cost) {}
+  [[nodiscard]] std::int64_t run_cost_rows() const { return cost_; }
+  std::vector<float> prefill(const TokenSet& rows) {
+    runs = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) runs += i == 0 || rows[i] != rows[i - 1] + 1;
+    return FixedSetEngine::prefill(rows);
+  }
+  std::int64_t runs = 0;
+
+ private:
+  std::int64_t cost_;
+};
+static_assert(RunCostBackend<RunCostEngine> && !RunCostBackend<FixedSetEngine>);
+
 template <class Pipeline, class Method>
 concept RunsMethod = requires(Pipeline& p, std::span<const token_id> t, const PromptLayout& l, const Method& m) {
   p.run(t, l, m);
@@ -538,6 +557,64 @@ TEST_CASE("a fixed-set engine runs the fixed-set methods; per-layer methods are 
             .find("method 'cacheblend@0.2' changes the recomputed set per layer") != std::string::npos);
   CHECK(error_of([&] { (void)fixed.run(p.tokens, p.layout, parse_method("queryaware")); })
             .find("method 'queryaware' changes the recomputed set per layer") != std::string::npos);
+}
+
+TEST_CASE("merge_runs fills exactly the gaps shorter than a call's cost, nothing outside the first and last row") {
+  const TokenSet rows{3, 4, 7, 8, 9, 15, 30};  // gaps 2, 5, 14
+  CHECK(merge_runs(rows, 0) == rows);
+  CHECK(merge_runs(rows, 2) == rows);  // a tie stays unfilled: the same cost, fewer rows
+  CHECK(merge_runs(rows, 3) == TokenSet{3, 4, 5, 6, 7, 8, 9, 15, 30});
+  CHECK(merge_runs(rows, 6) == TokenSet{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30});
+  TokenSet all;
+  append_range(all, {3, 31});
+  CHECK(merge_runs(rows, 15) == all);
+  CHECK(merge_runs({}, 100).empty());
+  CHECK(merge_runs({5}, 100) == TokenSet{5});
+}
+
+TEST_CASE("an engine with a cost per forward call gets a fixed set's close runs merged: fewer calls, the rows a "
+          "superset, every added row recomputed exactly") {
+  const CpuLlama model = small_llama();
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  const LlamaPrefill reference = model.full_prefill(p.tokens);
+  const auto n = static_cast<std::int64_t>(p.tokens.size());
+  InMemoryKVStore store;
+  RunCostEngine free_calls(model, 0);
+  FusionPipeline<RunCostEngine, InMemoryKVStore> a(free_calls, store);
+  a.store_chunk_caches(p.tokens, p.layout);
+  const FusionMethod link = parse_method("attnlink@2");
+  const FusionResult unmerged = a.run(p.tokens, p.layout, link);
+  // A cost between the shortest and the longest gap of AttnLink's S_0: some runs merge, not all.
+  std::vector<std::int64_t> gaps;
+  const TokenSet& s0 = unmerged.plan.initial;
+  for (std::size_t i = 1; i < s0.size(); ++i)
+    if (s0[i] > s0[i - 1] + 1) gaps.push_back(s0[i] - s0[i - 1] - 1);
+  std::sort(gaps.begin(), gaps.end());
+  REQUIRE(gaps.size() >= 2);
+  const std::int64_t mid = gaps.front() + 1;
+  REQUIRE(gaps.back() >= mid);
+  RunCostEngine costly(model, mid), very_costly(model, n);
+  FusionPipeline<RunCostEngine, InMemoryKVStore> b(costly, store), c(very_costly, store);
+  const FusionResult some = b.run(p.tokens, p.layout, link);
+  const FusionResult one = c.run(p.tokens, p.layout, link);
+  CHECK(a.shape().run_cost_rows == 0);
+  CHECK(c.shape().run_cost_rows == n);
+  CHECK(some.plan.initial == merge_runs(unmerged.plan.initial, mid));
+  CHECK(one.plan.initial == merge_runs(unmerged.plan.initial, n));
+  CHECK(std::includes(one.plan.initial.begin(), one.plan.initial.end(), unmerged.plan.initial.begin(),
+                      unmerged.plan.initial.end()));
+  CHECK(free_calls.runs > costly.runs);
+  CHECK(costly.runs > very_costly.runs);
+  CHECK(very_costly.runs == 1);
+  CHECK(one.selected_per_layer.front() == static_cast<std::int64_t>(one.plan.initial.size()));
+  CHECK(one.recompute_fraction > unmerged.recompute_fraction);
+  // One run from the first boundary to the end over the first chunk's exact cache (position 0): full prefill up to
+  // float rounding, which the unmerged set is not.
+  CHECK(max_abs_diff(one.logits, reference.logits) < 1e-4);
+  CHECK(max_abs_diff(unmerged.logits, reference.logits) > 1e-3);
+  // Per-layer methods keep their sets: the engine here is fixed-set only, so none runs; the CPU engine does not
+  // report a call cost (it computes any set in one pass per layer).
+  static_assert(!RunCostBackend<CpuLlamaFusion>);
 }
 
 TEST_CASE("one request composed of Cake and a fusion method: Cake prepares the stored exact prefix, the method the rest") {

@@ -24,6 +24,21 @@ inline void append_range(TokenSet& set, TokenRange r) {
   for (std::int64_t t = r.begin; t < r.end; ++t) set.push_back(t);
 }
 
+// `rows` (sorted) with every gap between two of its runs of adjacent rows filled when the gap is shorter than
+// run_cost_rows: for an engine whose forward call costs run_cost_rows rows beyond the rows it computes, one more
+// run costs a call and a filled gap costs its rows, and the two choices are independent from gap to gap, so
+// filling exactly the gaps below the call's cost gives the cheapest superset of `rows` (ties stay unfilled).
+// Nothing before the first row or after the last is added.
+[[nodiscard]] inline TokenSet merge_runs(const TokenSet& rows, std::int64_t run_cost_rows) {
+  TokenSet out;
+  out.reserve(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (i > 0 && rows[i] - rows[i - 1] - 1 < run_cost_rows) append_range(out, {rows[i - 1] + 1, rows[i]});
+    out.push_back(rows[i]);
+  }
+  return out;
+}
+
 struct PromptChunk {
   TokenRange range;
   bool cached = true;  // false: no stored KV for this chunk, so every token of it must be computed

@@ -62,6 +62,14 @@
 // load_layer_rows / shift_layer_rows from inside the hook, on the engine's thread. The hook may throw: the
 // prefill must let the exception through.
 //
+// RunCostBackend — a refinement for engines whose forward call has a cost of its own beyond the rows it computes
+// (llama.cpp: each llama_decode is a pass over the weights, and a fixed set is recomputed in one call per run of
+// adjacent positions):
+//   cb.run_cost_rows()                    -> int64: that cost, in rows (what computing that many more rows in a
+//                                            call would cost). The planner then merges the runs of a fixed set
+//                                            whose gap costs less to recompute than another call (merge_runs,
+//                                            EngineShape::run_cost_rows): more rows, each exact, fewer calls.
+//
 // A method that needs the refinement is refused for a backend without it: at compile time when the method's
 // type is static (FusionPipeline::run with CacheBlend or QueryAware), with a named error when it arrives in a
 // FusionMethod.
@@ -119,6 +127,11 @@ concept LayerwiseFusionBackend =
       { b.shift_layer_rows(n, r, n) } -> std::same_as<void>;
       { b.set_layer_hook(std::move(hook)) } -> std::same_as<void>;
     };
+
+template <class B>
+concept RunCostBackend = FixedSetFusionBackend<B> && requires(const B& cb) {
+  { cb.run_cost_rows() } -> std::convertible_to<std::int64_t>;
+};
 
 // Whether every instance of method type M needs per-layer feedback (compile-time refusal for fixed-set
 // engines). Cache-Craft needs it only with focus termination, a run-time setting: checked when it runs.

@@ -8,7 +8,8 @@
 //   chunk source    isolated chunk cache (CacheBlend, Epic, QueryAware, naive reuse), prefix entry (prefix
 //                   caching: the longest run of leading chunks stored behind exactly the chunks before them),
 //                   Cache-Craft variant (the best one by eq. 12's CFO), or compute (nothing usable stored)
-//   S_0, per_layer, statistics    from layer_schedule (the one place methods are dispatched)
+//   S_0, per_layer, statistics    from layer_schedule (the one place methods are dispatched); a fixed S_0's runs
+//                   merged where the engine's cost per forward call exceeds the gap (EngineShape::run_cost_rows)
 //   bytes           per loaded chunk, what the engine's loader reads
 //
 // FusionPipeline (the single-request driver) and FusionConnector (request-keyed hooks for an engine's own step
@@ -38,6 +39,10 @@ struct EngineShape {
   std::uint64_t model = 0;                // model fingerprint: part of every key
   std::int64_t num_layers = 0;
   std::size_t layer_bytes_per_row = 0;    // bytes of one row of one layer of a stored block (K and V)
+  // What one more forward call costs the engine beyond the rows it computes, in rows (RunCostBackend): an engine
+  // that recomputes a fixed set in one call per run of adjacent positions (llama.cpp) pays a pass over the
+  // weights per run. A fixed set's runs closer than this are merged (merge_runs). 0: calls are free.
+  std::int64_t run_cost_rows = 0;
 
   [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const noexcept {
     return static_cast<std::size_t>(num_layers) * layer_bytes(rows);
@@ -78,6 +83,8 @@ inline void finish_plan(FusionPlan& plan, const FusionMethod& method, const Engi
   plan.initial = schedule.initial;
   std::erase_if(plan.initial, [exact_prefix](std::int64_t row) { return row < exact_prefix; });
   plan.per_layer = !schedule.fixed_set();
+  // Only adds rows, each recomputed exactly: fidelity cannot drop, calls do.
+  if (!plan.per_layer && shape.run_cost_rows > 0) plan.initial = merge_runs(plan.initial, shape.run_cost_rows);
   const KVTensor rank = std::visit(
       [](const auto& m) {
         if constexpr (requires { m.rank_by; }) return m.rank_by;

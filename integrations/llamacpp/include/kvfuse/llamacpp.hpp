@@ -25,7 +25,9 @@
 //     [a, b) of rows to recompute, the staged rows before a join the request's sequence R
 //     (llama_memory_seq_cp + seq_rm), the stale copies of rows [a, b) are dropped, and tokens a .. b − 1 are
 //     decoded in R at their positions. A token decoded at position p attends to R's cells at positions <= p:
-//     the exact causal mask by position. One llama_decode per run (and per n_batch tokens).
+//     the exact causal mask by position. One llama_decode per run (and per n_batch tokens): a decode is a pass
+//     over the weights, so the engine reports that cost (run_cost_rows, LlamaCppOptions) and the planner merges
+//     runs closer than it (RunCostBackend, merge_runs).
 //   - Every cell belongs to two sequences (R with its pin P, S with its pin Q, a scratch pair): a cell of one
 //     sequence that a sliding-window layer masks may be overwritten by llama.cpp's slot search, and a cell of two
 //     never is, so rows that a later run or save_rows still needs are never lost on Gemma 3's local layers.
@@ -515,5 +517,6 @@ class LlamaCppFusion : public LlamaCppContext {
 static_assert(FixedSetFusionBackend<LlamaCppFusion>);
 static_assert(!PerLayerFusionBackend<LlamaCppFusion>);
 static_assert(AttentionStatisticsBackend<LlamaCppFusion>);
+static_assert(RunCostBackend<LlamaCppFusion>);
 
 }  // namespace kvfuse::llamacpp

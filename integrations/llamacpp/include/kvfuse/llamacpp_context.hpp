@@ -54,6 +54,10 @@ struct LlamaCppOptions {
   // in 2.4 s instead of 0.03 s here. Off: the statistics are refused with a named error.
   bool attention_statistics = true;
   bool quiet = true;  // silence llama.cpp's log below errors
+  // What one more llama_decode costs beyond its rows, in rows (RunCostBackend, fusion_backend.hpp): a fixed set's
+  // runs of adjacent rows closer than this are recomputed in one decode. A decode of m rows took about
+  // t(1) + (m − 1) · t_row here (docs/llamacpp.md, "Merged runs"); 0 turns merging off.
+  std::int64_t run_cost_rows = 32;
 };
 
 namespace detail {
@@ -96,6 +100,8 @@ class LlamaCppContext {
     kvfuse::detail::require(options_.n_batch >= 1 && options_.n_ubatch >= 1 && options_.n_ctx >= 16,
                             "{}: n_batch {}, n_ubatch {}, n_ctx {} (need >= 1, >= 1, >= 16)", who_, options_.n_batch,
                             options_.n_ubatch, options_.n_ctx);
+    kvfuse::detail::require(options_.run_cost_rows >= 0, "{}: run_cost_rows {} (need >= 0)", who_,
+                            options_.run_cost_rows);
     if (options_.quiet) llama_log_set(detail::quiet_log, nullptr);
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
@@ -164,6 +170,7 @@ class LlamaCppContext {
   [[nodiscard]] std::int64_t window() const noexcept { return window_; }
   [[nodiscard]] llama_context* context() const noexcept { return ctx_.get(); }
   [[nodiscard]] int threads() const noexcept { return threads_; }
+  [[nodiscard]] std::int64_t run_cost_rows() const noexcept { return options_.run_cost_rows; }
   [[nodiscard]] std::int64_t vocab_size() const noexcept { return n_vocab_; }
 
  protected:
