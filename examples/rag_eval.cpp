@@ -12,7 +12,7 @@
 //                   [--out DIR] [--cache-dir DIR] [--model smollm2|gemma3|qwen2|GGUF] [--threads 0] [--no-plot]
 //                   [--store-dtype f32] [--store memory|disk|tiered|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
 //                   [--link-mbps X] [--link-latency-ms Y]
-//                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp]
+//                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp] [--run-cost-rows N]
 //                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
 //
 // --model smollm2 (default), gemma3 or qwen2 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF
@@ -22,7 +22,9 @@
 // -DKVFUSE_LLAMACPP=ON): full prefill, TTFT and the fidelity figures are llama.cpp's own. It is a fixed-set
 // engine: methods that change the set per layer (CacheBlend, QueryAware, Cache-Craft with focus termination) are
 // refused by name, and --calibrated and --store-dtype are for the kvfuse engine. Default methods there:
-// full,prefix,naive,attnlink,attnlink@4,attnlink@64,cachecraft-nofocus,cachecraft@0.5-nofocus.
+// full,prefix,naive,attnlink,attnlink@4,attnlink@64,cachecraft-nofocus,cachecraft@0.5-nofocus. --run-cost-rows:
+// what one llama_decode costs beyond its rows (LlamaCppOptions::run_cost_rows; runs of recomputed rows closer than
+// that are merged into one decode; 0: never).
 //
 // --calibrated: the per-model correctness gate (kvfuse/fusion/calibration.hpp) picks each method family named
 // without a setting in --methods (cacheblend, attnlink, cachecraft, queryaware): the cheapest setting whose
@@ -67,6 +69,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -123,6 +126,7 @@ struct Options {
   kvfuse::DType store_dtype = kvfuse::DType::f32;
   std::vector<std::string> methods;
   std::int64_t limit = 20, start = 0, max_passages = 10, max_passage_tokens = 0, max_new_tokens = 32, threads = 0;
+  std::optional<std::int64_t> run_cost_rows;  // --run-cost-rows (the llama.cpp engine)
   bool plot = true;
   bool calibrated = false;
   std::int64_t calibration_questions = 3;
@@ -163,6 +167,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-passage-tokens") o.max_passage_tokens = parse_int(flag, v);
     else if (flag == "--max-new-tokens") o.max_new_tokens = parse_int(flag, v);
     else if (flag == "--threads") o.threads = parse_int(flag, v);
+    else if (flag == "--run-cost-rows") o.run_cost_rows = parse_int(flag, v);
     else if (flag == "--store") o.store = v;
     else if (flag == "--split-tokens") o.split_tokens = parse_int(flag, v);
     else if (flag == "--calibration-questions") o.calibration_questions = parse_int(flag, v);
@@ -511,6 +516,7 @@ int main(int argc, char** argv) try {
       results["chunk_caches_computed"] = chunk_caches_computed;
       results["engine"] = o.engine;
       results["threads"] = threads;
+      if constexpr (requires { engine.run_cost_rows(); }) results["run_cost_rows"] = engine.run_cost_rows();
       results["store"] = o.store;
       if (!tiers.empty()) results["tiers"] = tiers;
 #if KVFUSE_WITH_REDIS
@@ -729,6 +735,7 @@ int main(int argc, char** argv) try {
     }
     kvfuse::llamacpp::LlamaCppOptions options;
     options.threads = static_cast<int>(o.threads);
+    if (o.run_cost_rows) options.run_cost_rows = *o.run_cost_rows;
     options.n_ctx = static_cast<std::uint32_t>((cells + 64 + 255) / 256 * 256);
     // The eval callback behind the attention statistics slows every decode: only when prefix or Cache-Craft runs.
     options.attention_statistics = std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) {

@@ -346,6 +346,31 @@ def check_kernels(root):
                                       f"the raw data gives '{value}'")
 
 
+def check_llamacpp_run_cost(root):
+    """docs/llamacpp.md §5: the decode-cost table (results/llamacpp-runcost-2026-11-27/decode_cost.jsonl,
+    kvfuse-bench-prefill --decode-cost) and Cache-Craft at run_cost_rows 0, 2, 4 (kvfuse-rag-eval's results.json)."""
+    page = Page(root, "docs/llamacpp.md")
+    d = root / "docs/results/llamacpp-runcost-2026-11-27"
+    rows = [json.loads(line) for line in (d / "decode_cost.jsonl").read_text(encoding="utf-8").splitlines()]
+    t = {(r["model"], r["context"], r["rows"]): r["median_ms"] for r in rows if "rows" in r}
+    page.compare("| model, N | t(1) ms | t(16) ms |", "llamacpp.md, decode cost",
+                 {f"{r['model']}, {r['context']}": [f"{t[r['model'], r['context'], 1]:.1f}",
+                                                    f"{t[r['model'], r['context'], 16]:.1f}",
+                                                    f"{t[r['model'], r['context'], 512]:.1f}", f"{r['row_ms']:.2f}",
+                                                    f"{r['fixed_ms']:.1f}", f"{r['run_cost_rows']:.2f}"]
+                  for r in rows if "run_cost_rows" in r})
+    expected = {}
+    for f in sorted(d.glob("smollm2-cachecraft-run-cost-*.json")):
+        r = load_json(f)
+        m = r["methods"]["cachecraft-nofocus"]
+        per = " / ".join(f"{q['methods']['cachecraft-nofocus']['ttft_ratio_vs_full']:.2f}" for q in r["per_question"])
+        expected[str(r["run_cost_rows"])] = [
+            f"{m['ttft_ratio_vs_full']:.3f} ({per})", f"{100 * m['recompute_fraction']:.1f} %",
+            f"{m['kl_first_token']:.4f}", f"{m['kl_answer_mean']:.4f}", f"{m['top1_answer_agreement']:.3f}",
+            f"{100 * m['gap_closed']:.0f} %", f"{m['rouge_l_vs_full']:.3f}"]
+    page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
+
+
 # ---------------------------------------------------------------------------------------------------- provenance
 
 MEASURED_HEADER = re.compile(r"\b(ms|MB/s|GB/s|Gbps|tok/s|tokens/s|TTFT|KL|RSS|MiB|GFLOP/s|µs|median|throughput)\b")
@@ -445,7 +470,7 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
-              lambda: check_kernels(root),
+              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:

@@ -18,6 +18,13 @@
 //   {"engine", "tokens", "threads", "ms": [per rep], "median_ms", "tokens_per_s": N / median, "peak_rss_mib"}
 // peak_rss_mib is the process's VmHWM (/proc/self/status) at the end, so run each engine in its own process.
 //
+// --decode-cost (llamacpp only): what one llama_decode costs beyond its rows, the figure behind
+// LlamaCppOptions::run_cost_rows. After the prefill of the N tokens (flash attention off, as LlamaCppFusion runs),
+// m rows at positions N .. N+m-1 are decoded after dropping the last ones, m = 1, 4, 16, 64, 256, 512; one warm-up,
+// then R timed decodes each. Prints one JSON line per m, {"engine", "context": N, "rows": m, "ms": [...],
+// "median_ms"}, then {"engine", "context", "row_ms", "fixed_ms", "run_cost_rows"}: row_ms = (t(512) − t(1)) / 511
+// from the medians, fixed_ms = t(1) − row_ms, run_cost_rows = fixed_ms / row_ms.
+//
 // The default --data is ../shared/data/musique_dev.json beside the source tree. Errors print
 // "kvfuse-bench-prefill: <message>" on stderr, exit 2.
 
@@ -51,7 +58,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =
     "usage: kvfuse-bench-prefill --engine kvfuse|llamacpp --model GGUF --tokens N [--threads 2] [--reps 3] "
-    "[--data musique_dev.json]";
+    "[--data musique_dev.json] [--decode-cost]";
 constexpr std::int32_t kBatch = 512;
 
 struct Args {
@@ -61,6 +68,7 @@ struct Args {
   std::int64_t tokens = 0;
   int threads = 2;
   int reps = 3;
+  bool decode_cost = false;
 };
 
 // A flag's integer in [lo, hi] (kvfuse_example::parse_int reads it).
@@ -90,6 +98,8 @@ Args parse_args(int argc, char** argv) {
       a.threads = static_cast<int>(parse_int(f, value(i, f), 1, 1024));
     } else if (f == "--reps") {
       a.reps = static_cast<int>(parse_int(f, value(i, f), 1, 1000));
+    } else if (f == "--decode-cost") {
+      a.decode_cost = true;
     } else if (f == "--help" || f == "-h") {
       fmt::print("{}\n", kUsage);
       std::exit(0);
@@ -99,6 +109,7 @@ Args parse_args(int argc, char** argv) {
   }
   require(a.engine == "kvfuse" || a.engine == "llamacpp", "--engine must be kvfuse or llamacpp\n{}", kUsage);
   require(!a.model.empty() && a.tokens > 0, "--model and --tokens are required\n{}", kUsage);
+  require(!a.decode_cost || a.engine == "llamacpp", "--decode-cost measures llama.cpp: needs --engine llamacpp");
   return a;
 }
 
@@ -166,40 +177,56 @@ struct Batch {
   ~Batch() { llama_batch_free(b); }
 };
 
-std::vector<double> bench_llamacpp(const Args& a, std::span<const kvfuse::token_id> tokens) {
+// Decodes tokens [from, to) of `tokens` at their positions in sequence 0, in batches of kBatch; logits of the last.
+void decode_range(llama_context* ctx, llama_batch& b, std::span<const kvfuse::token_id> tokens, std::int32_t from,
+                  std::int32_t to) {
+  for (std::int32_t done = from; done < to; done += b.n_tokens) {
+    b.n_tokens = std::min(kBatch, to - done);
+    for (std::int32_t i = 0; i < b.n_tokens; ++i) {
+      b.token[i] = tokens[static_cast<std::size_t>(done + i)];
+      b.pos[i] = done + i;
+      b.n_seq_id[i] = 1;
+      b.seq_id[i][0] = 0;
+      b.logits[i] = done + i + 1 == to;
+    }
+    const std::int32_t rc = llama_decode(ctx, b);
+    require(rc == 0, "llama_decode of tokens [{}, {}) returned {}", done, done + b.n_tokens, rc);
+  }
+  llama_synchronize(ctx);
+}
+
+using ModelPtr = std::unique_ptr<llama_model, decltype(&llama_model_free)>;
+using ContextPtr = std::unique_ptr<llama_context, decltype(&llama_free)>;
+
+ModelPtr load_llamacpp(const Args& a) {
   llama_log_set(quiet_log, nullptr);
   llama_backend_init();
-  const std::unique_ptr<llama_model, decltype(&llama_model_free)> model(
-      llama_model_load_from_file(a.model.c_str(), llama_model_default_params()), &llama_model_free);
+  ModelPtr model(llama_model_load_from_file(a.model.c_str(), llama_model_default_params()), &llama_model_free);
   require(model != nullptr, "llama.cpp cannot load '{}'", a.model);
+  return model;
+}
+
+ContextPtr make_context(const Args& a, llama_model* model, std::uint32_t cells, bool flash_attention_off) {
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = static_cast<std::uint32_t>(a.tokens);
+  cp.n_ctx = cells;
   cp.n_batch = kBatch;
   cp.n_ubatch = kBatch;
   cp.n_threads = a.threads;
   cp.n_threads_batch = a.threads;
-  const std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp), &llama_free);
-  require(ctx != nullptr, "llama.cpp cannot make a context of {} cells for '{}'", a.tokens, a.model);
+  if (flash_attention_off) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  ContextPtr ctx(llama_init_from_model(model, cp), &llama_free);
+  require(ctx != nullptr, "llama.cpp cannot make a context of {} cells for '{}'", cells, a.model);
+  return ctx;
+}
+
+std::vector<double> bench_llamacpp(const Args& a, std::span<const kvfuse::token_id> tokens) {
+  const ModelPtr model = load_llamacpp(a);
+  const ContextPtr ctx = make_context(a, model.get(), static_cast<std::uint32_t>(a.tokens), false);
   Batch batch;
-  llama_batch& b = batch.b;
   const auto n = static_cast<std::int32_t>(tokens.size());
   return time_reps(
       a.reps, [&] { llama_memory_clear(llama_get_memory(ctx.get()), true); },
-      [&] {
-        for (std::int32_t done = 0; done < n; done += b.n_tokens) {
-          b.n_tokens = std::min(kBatch, n - done);
-          for (std::int32_t i = 0; i < b.n_tokens; ++i) {
-            b.token[i] = tokens[static_cast<std::size_t>(done + i)];
-            b.pos[i] = done + i;
-            b.n_seq_id[i] = 1;
-            b.seq_id[i][0] = 0;
-            b.logits[i] = done + i + 1 == n;
-          }
-          const std::int32_t rc = llama_decode(ctx.get(), b);
-          require(rc == 0, "llama_decode of tokens [{}, {}) returned {}", done, done + b.n_tokens, rc);
-        }
-        llama_synchronize(ctx.get());
-      });
+      [&] { decode_range(ctx.get(), batch.b, tokens, 0, n); });
 }
 
 double median(std::vector<double> v) {
@@ -207,6 +234,33 @@ double median(std::vector<double> v) {
   const std::size_t m = v.size() / 2;
   return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
+
+// --decode-cost (see the header): the prompt's tokens are the context, the rows decoded after it repeat its first
+// tokens (their values do not change the time).
+int bench_decode_cost(const Args& a, std::vector<kvfuse::token_id> tokens) {
+  const ModelPtr model = load_llamacpp(a);
+  const ContextPtr ctx = make_context(a, model.get(), static_cast<std::uint32_t>(a.tokens) + kBatch, true);
+  Batch batch;
+  const auto n = static_cast<std::int32_t>(tokens.size());
+  for (std::int32_t i = 0; i < kBatch; ++i) tokens.push_back(tokens[static_cast<std::size_t>(i % n)]);
+  decode_range(ctx.get(), batch.b, tokens, 0, n);
+  llama_memory_t mem = llama_get_memory(ctx.get());
+  std::vector<std::pair<std::int32_t, double>> medians;
+  for (const std::int32_t m : {1, 4, 16, 64, 256, 512}) {
+    const std::vector<double> ms = time_reps(
+        a.reps, [&] { require(llama_memory_seq_rm(mem, 0, n, -1), "llama_memory_seq_rm refused"); },
+        [&] { decode_range(ctx.get(), batch.b, tokens, n, n + m); });
+    medians.emplace_back(m, median(ms));
+    fmt::print("{{\"engine\":\"llamacpp\",\"context\":{},\"rows\":{},\"ms\":[{:.3f}],\"median_ms\":{:.3f}}}\n", n, m,
+               fmt::join(ms, ","), medians.back().second);
+  }
+  const double row_ms = (medians.back().second - medians.front().second) / (kBatch - 1);
+  const double fixed_ms = medians.front().second - row_ms;
+  fmt::print("{{\"engine\":\"llamacpp\",\"context\":{},\"row_ms\":{:.3f},\"fixed_ms\":{:.3f},\"run_cost_rows\":{:.2f}}}\n",
+             n, row_ms, fixed_ms, fixed_ms / row_ms);
+  return 0;
+}
+
 
 // VmHWM of /proc/self/status in MiB.
 double peak_rss_mib() {
@@ -220,6 +274,7 @@ double peak_rss_mib() {
 int run(const Args& a) {
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(a.model);
   const std::vector<kvfuse::token_id> tokens = make_prompt(file, a.data, a.tokens);
+  if (a.decode_cost) return bench_decode_cost(a, tokens);
   const std::vector<double> ms = a.engine == "kvfuse" ? bench_kvfuse(a, file, tokens) : bench_llamacpp(a, tokens);
   const double med = median(ms);
   fmt::print(

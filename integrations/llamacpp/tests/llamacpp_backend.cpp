@@ -286,10 +286,11 @@ TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals
   });
 }
 
-TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows and its first-token KL is below naive reuse's") {
+TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows, its runs merged by the cost of a decode, "
+          "and its first-token KL is below naive reuse's") {
   for_each_model([](const std::filesystem::path& model) {
     const RealPrompt p = rag_prompt(model, kPassages);
-    LlamaCppFusion engine(model, {.n_ctx = 2048});
+    LlamaCppFusion engine(model, {.n_ctx = 2048, .run_cost_rows = 4096});
     kvfuse::InMemoryKVStore store;
     kvfuse::FusionPipeline pipeline(engine, store);
     pipeline.store_chunk_caches(p.tokens, p.layout);
@@ -298,6 +299,15 @@ TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows a
     CHECK(engine.last_prefill_rows() == naive.plan.initial);
     const kvfuse::FusionMethod attnlink = kvfuse::parse_method("attnlink@16");
     const kvfuse::FusionPlan plan = pipeline.plan(p.tokens, p.layout, attnlink);
+    kvfuse::EngineShape free_calls = pipeline.shape();
+    CHECK(free_calls.run_cost_rows == 4096);
+    free_calls.run_cost_rows = 0;
+    const kvfuse::FusionPlan unmerged = kvfuse::plan_fusion(0, p.tokens, p.layout, attnlink, free_calls, store);
+    CHECK(plan.initial == kvfuse::merge_runs(unmerged.initial, 4096));
+    // A decode dearer than the prompt: one run from the first boundary to the end, a superset of AttnLink's rows.
+    CHECK(plan.initial.size() > unmerged.initial.size());
+    CHECK(plan.initial.back() - plan.initial.front() + 1 == static_cast<std::int64_t>(plan.initial.size()));
+    CHECK(plan.initial.front() == unmerged.initial.front());
     const kvfuse::FusionResult linked = pipeline.run(p.tokens, p.layout, attnlink);
     CHECK(linked.plan.initial == plan.initial);
     CHECK(engine.last_prefill_rows() == plan.initial);

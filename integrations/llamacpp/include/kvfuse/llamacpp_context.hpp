@@ -55,9 +55,11 @@ struct LlamaCppOptions {
   bool attention_statistics = true;
   bool quiet = true;  // silence llama.cpp's log below errors
   // What one more llama_decode costs beyond its rows, in rows (RunCostBackend, fusion_backend.hpp): a fixed set's
-  // runs of adjacent rows closer than this are recomputed in one decode. A decode of m rows took about
-  // t(1) + (m − 1) · t_row here (docs/llamacpp.md, "Merged runs"); 0 turns merging off.
-  std::int64_t run_cost_rows = 32;
+  // runs of adjacent rows closer than this are recomputed in one decode. Off (0) by default: on 2 cores a decode's
+  // own cost was 1.6–4.6 rows' time (SmolLM2, Gemma 3; kvfuse-bench-prefill --decode-cost), yet merging at 2 and 4
+  // made SmolLM2's Cache-Craft slower end to end, its recomputed rows costing more than the decodes they saved
+  // (docs/llamacpp.md §5). An engine whose decode is a dear pass over large weights sets it.
+  std::int64_t run_cost_rows = 0;
 };
 
 namespace detail {
