@@ -72,6 +72,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -516,7 +517,8 @@ int main(int argc, char** argv) try {
       results["chunk_caches_computed"] = chunk_caches_computed;
       results["engine"] = o.engine;
       results["threads"] = threads;
-      if constexpr (requires { engine.run_cost_rows(); }) results["run_cost_rows"] = engine.run_cost_rows();
+      if constexpr (kvfuse::RunCostBackend<std::remove_cvref_t<decltype(engine)>>)
+        results["run_cost_rows"] = engine.run_cost_rows();
       results["store"] = o.store;
       if (!tiers.empty()) results["tiers"] = tiers;
 #if KVFUSE_WITH_REDIS

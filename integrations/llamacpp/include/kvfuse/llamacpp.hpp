@@ -26,8 +26,8 @@
 //     (llama_memory_seq_cp + seq_rm), the stale copies of rows [a, b) are dropped, and tokens a .. b − 1 are
 //     decoded in R at their positions. A token decoded at position p attends to R's cells at positions <= p:
 //     the exact causal mask by position. One llama_decode per run (and per n_batch tokens): a decode is a pass
-//     over the weights, so the engine reports that cost (run_cost_rows, LlamaCppOptions) and the planner merges
-//     runs closer than it (RunCostBackend, merge_runs).
+//     over the weights, so the engine reports that cost (LlamaCppOptions::run_cost_rows; 0, off, by default:
+//     docs/llamacpp.md §5) and the planner merges runs closer than it (RunCostBackend, merge_runs).
 //   - Every cell belongs to two sequences (R with its pin P, S with its pin Q, a scratch pair): a cell of one
 //     sequence that a sliding-window layer masks may be overwritten by llama.cpp's slot search, and a cell of two
 //     never is, so rows that a later run or save_rows still needs are never lost on Gemma 3's local layers.
