@@ -371,6 +371,21 @@ def check_llamacpp_run_cost(root):
     page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
 
 
+def check_llamacpp_callback(root):
+    """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
+    question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
+    d = root / "docs/results/llamacpp-callback-2026-11-27"
+    off = load_json(d / "smollm2-q20-21-no-callback.json")["per_question"]
+    on = load_json(d / "smollm2-q20-21-with-callback.json")["per_question"]
+    expected = {}
+    for a, b in zip(off, on):
+        ms = lambda q, m: f"{q['methods'][m]['prefill_ms']:.0f}"
+        expected[f"{a['index']} ({a['tokens']})"] = [ms(a, "full"), ms(b, "full"), ms(a, "attnlink@16"),
+                                                      ms(b, "attnlink@16")]
+    Page(root, "docs/llamacpp.md").compare("| question (tokens) | full prefill, no callback", "llamacpp.md, callback",
+                                           expected)
+
+
 # ---------------------------------------------------------------------------------------------------- provenance
 
 MEASURED_HEADER = re.compile(r"\b(ms|MB/s|GB/s|Gbps|tok/s|tokens/s|TTFT|KL|RSS|MiB|GFLOP/s|µs|median|throughput)\b")
@@ -470,7 +485,7 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
-              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
+              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root), lambda: check_llamacpp_callback(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
