@@ -371,6 +371,22 @@ def check_llamacpp_run_cost(root):
     page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
 
 
+def check_server_cold(root):
+    """docs/server.md: TTFT and rows of the first 8 requests (an empty store) and the 24 after them, per arm, from
+    each request's usage.kvfuse in results/server-2026-11-27/run-1/."""
+    d = root / "docs/results/server-2026-11-27/run-1"
+    expected = {}
+    for arm, name in (("CacheBlend", "kvfuse"), ("full prefill", "kvfuse-full")):
+        usage = load_json(d / f"{name}.json")["usage"]
+        for part, group in (("first 8", usage[:8]), ("last 24", usage[8:])):
+            ttft = [u["ttft_ms"] for u in group]
+            expected[f"{arm}, {part}"] = [f"{st.median(ttft):.0f}", f"{max(ttft):.0f}",
+                                          f"{sum(u['chunk_tokens'] for u in group)}",
+                                          f"{sum(u['loaded_tokens'] for u in group)}",
+                                          f"{sum(u['recomputed_tokens'] for u in group):.0f}"]
+    Page(root, "docs/server.md").compare("| arm, requests | TTFT median ms", "server.md, cold requests", expected)
+
+
 def check_llamacpp_callback(root):
     """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
     question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
@@ -485,7 +501,7 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
-              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root), lambda: check_llamacpp_callback(root),
+              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root), lambda: check_llamacpp_callback(root), lambda: check_server_cold(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
