@@ -336,12 +336,34 @@ TEST_CASE("CpuBatchEngine: one request's stalled read times out into compute and
   CHECK(got.at(2) == alone_by_pipeline(model, store, ps[2], "attnlink", 4));
 }
 
-TEST_CASE("CpuBatchEngine: chunk caches missing from the store are computed alone in the batch and saved") {
+TEST_CASE("CpuBatchEngine: chunk caches missing from the store are computed alone after the request's prefill, in "
+          "the budget a step leaves, and saved") {
   const CpuLlama model = small_llama();
   ProbeStore store;
   const std::vector<Prompt> ps = prompts();
-  CpuBatchEngine<ProbeStore> engine(model, store);
-  const auto first = serve(engine, {{0, request_of(ps[0], "naive", 3)}});
+  BatchEngineConfig config;
+  config.budget.token_budget = static_cast<std::int64_t>(ps[0].tokens.size());  // the cold prompt fills a step
+  CpuBatchEngine<ProbeStore> engine(model, store, config);
+  std::map<std::uint64_t, std::vector<token_id>> first;
+  (void)engine.submit(request_of(ps[0], "naive", 3));
+  std::int64_t chunk_rows = 0;
+  for (int step = 0; !engine.idle(); ++step) {
+    for (const TokenEvent& e : engine.step()) {
+      REQUIRE_MESSAGE(e.status == Status::success, e.error);
+      if (e.token) first[e.request].push_back(*e.token);
+    }
+    const StepStats& s = engine.last_step();
+    if (step == 0) {  // the request's prefill alone: every row (nothing stored), and no chunk cache beside it
+      CHECK(s.items == 1);
+      CHECK(s.prefill_rows == static_cast<std::int64_t>(ps[0].tokens.size()));
+    } else {
+      chunk_rows += s.prefill_rows;
+    }
+    REQUIRE(step < 100);
+  }
+  std::int64_t chunk_tokens_total = 0;
+  for (const PromptChunk& c : ps[0].layout.chunks) chunk_tokens_total += c.range.size();
+  CHECK(chunk_rows == chunk_tokens_total);  // each chunk's cache once, in the decode steps
   engine.connector().wait_for_saves();
   for (const PromptChunk& c : ps[0].layout.chunks) {
     const auto chunk = std::span<const token_id>(ps[0].tokens).subspan(static_cast<std::size_t>(c.range.begin),

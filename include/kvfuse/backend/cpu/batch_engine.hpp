@@ -14,9 +14,10 @@
 // each computing from the front up to where its loads are (Cake §4, appendix B; with BatchEngineConfig::cake_speeds
 // at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a Cake request's two sides
 // met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
-// without a stored chunk cache are computed in context for the request and, in the same batch, alone at position
-// 0 (CacheBlend's chunk cache), saved asynchronously for later requests. The step whose prefill computes a
-// prompt's last row samples the first token; each later step one more. Requests arrive (submit) and leave
+// without a stored chunk cache are computed in context for the request; alone at position 0 (CacheBlend's chunk
+// cache, saved asynchronously for later requests) they are queued and computed last, with the budget a step leaves
+// (or one when the step has nothing else), so that they never lengthen a request's prefill. The step whose prefill
+// computes a prompt's last row samples the first token; each later step one more. Requests arrive (submit) and leave
 // (finish, cancel) between steps; a finished request frees its KV.
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
@@ -37,6 +38,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -179,10 +181,10 @@ class CpuBatchEngine {
     cancelled_.insert(request);
   }
 
-  // Whether nothing is queued or running.
+  // Whether nothing is queued or running (requests, or chunk caches for the store).
   [[nodiscard]] bool idle() const {
     std::lock_guard lock(inbox_mutex_);
-    return inbox_.empty() && running_.empty() && waiting_.empty();
+    return inbox_.empty() && running_.empty() && waiting_.empty() && chunk_queue_.empty();
   }
 
   [[nodiscard]] const StepStats& last_step() const noexcept { return stats_; }
@@ -261,12 +263,11 @@ class CpuBatchEngine {
         const ChunkPlan& c = r.plan.chunks[j];
         if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || c.range.empty()) continue;
         const auto tokens = slice(r.request.tokens, c.range);
-        const KVKey key = chunk_cache_key(model_->fingerprint(), tokens);
-        if (saving_.count(key.content) != 0 || std::find(chunk_keys.begin(), chunk_keys.end(), key) != chunk_keys.end())
+        KVKey key = chunk_cache_key(model_->fingerprint(), tokens);
+        if (saving_.count(key.content) != 0 ||
+            std::any_of(chunk_queue_.begin(), chunk_queue_.end(), [&](const QueuedChunk& q) { return q.key == key; }))
           continue;
-        chunk_keys.push_back(key);
-        chunk_tokens.emplace_back(tokens.begin(), tokens.end());
-        chunk_kv.push_back(std::make_unique<LlamaKVCache>(model_->config().n_layer, model_->config().kv_dim(), c.range.size()));
+        chunk_queue_.push_back({std::move(key), std::vector<token_id>(tokens.begin(), tokens.end())});
       }
       BatchItem item;
       item.kv = &r.fusion.kv();
@@ -282,6 +283,17 @@ class CpuBatchEngine {
       items_.push_back(std::move(item));
       roles_.push_back({a.id, Role::fusion});
       stats_.prefill_rows += static_cast<std::int64_t>(r.plan.initial.size());
+    }
+    // The queued chunk caches, in the budget the step leaves; one when the step has nothing else.
+    for (std::int64_t left = config_.budget.token_budget - stats_.decode_rows - stats_.prefill_rows;
+         !chunk_queue_.empty();) {
+      const auto size = static_cast<std::int64_t>(chunk_queue_.front().tokens.size());
+      if (size > left && !(items_.empty() && chunk_kv.empty())) break;
+      left -= size;
+      chunk_keys.push_back(std::move(chunk_queue_.front().key));
+      chunk_tokens.push_back(std::move(chunk_queue_.front().tokens));
+      chunk_queue_.pop_front();
+      chunk_kv.push_back(std::make_unique<LlamaKVCache>(model_->config().n_layer, model_->config().kv_dim(), size));
     }
     for (std::size_t c = 0; c < chunk_kv.size(); ++c) {
       BatchItem item;
@@ -564,6 +576,11 @@ class CpuBatchEngine {
   std::vector<Waiting> waiting_;    // admitted when a running slot frees
   std::map<std::uint64_t, std::unique_ptr<Running>> running_;
   std::vector<std::uint64_t> arrival_;  // running requests in arrival order
+  struct QueuedChunk {
+    KVKey key;
+    std::vector<token_id> tokens;
+  };
+  std::deque<QueuedChunk> chunk_queue_;  // chunk caches the store lacks, to compute alone (step: last in the budget)
   std::set<std::uint64_t> saving_;      // chunk caches being saved (key contents)
   std::vector<BatchItem> items_;        // the step's batch
   std::vector<Role> roles_;             // what each item is
