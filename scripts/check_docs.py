@@ -371,20 +371,34 @@ def check_llamacpp_run_cost(root):
     page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
 
 
-def check_server_cold(root):
-    """docs/server.md: TTFT and rows of the first 8 requests (an empty store) and the 24 after them, per arm, from
-    each request's usage.kvfuse in results/server-2026-11-27/run-1/."""
-    d = root / "docs/results/server-2026-11-27/run-1"
+def check_server(root):
+    """docs/server.md: the arms of results/server-2026-11-27b/ (bench_server.sh's load generator output), and for both
+    runs the TTFT and rows of the first 8 requests (an empty store) and the 24 after them, from each request's
+    usage.kvfuse."""
+    page = Page(root, "docs/server.md")
+    d = root / "docs/results/server-2026-11-27b/run-1"
+    names = {"kvfuse-server, full prefill": "kvfuse-full", "kvfuse-server, CacheBlend r = 15 %": "kvfuse",
+             "llama-server, no prompt cache": "llama-full",
+             "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
     expected = {}
-    for arm, name in (("CacheBlend", "kvfuse"), ("full prefill", "kvfuse-full")):
-        usage = load_json(d / f"{name}.json")["usage"]
-        for part, group in (("first 8", usage[:8]), ("last 24", usage[8:])):
-            ttft = [u["ttft_ms"] for u in group]
-            expected[f"{arm}, {part}"] = [f"{st.median(ttft):.0f}", f"{max(ttft):.0f}",
-                                          f"{sum(u['chunk_tokens'] for u in group)}",
-                                          f"{sum(u['loaded_tokens'] for u in group)}",
-                                          f"{sum(u['recomputed_tokens'] for u in group):.0f}"]
-    Page(root, "docs/server.md").compare("| arm, requests | TTFT median ms", "server.md, cold requests", expected)
+    for row, name in names.items():
+        r = load_json(d / f"{name}.json")
+        a = r.get("agreement")
+        expected[row] = [f"{r['ttft_ms']['p50']:.0f}", f"{r['ttft_ms']['p99']:.0f}", f"{r['output_tok_s']:.2f}",
+                         f"{a['exact_match']:.3f}" if a else "", f"{a['rouge_l']:.3f}" if a else ""]
+    page.compare("| arm, 9a0aff1 | TTFT p50 ms", "server.md, arms after queuing", expected)
+    for run, anchor in (("server-2026-11-27", "| arm, requests | TTFT median ms"),
+                        ("server-2026-11-27b", "| arm, requests, 9a0aff1 | TTFT median ms")):
+        expected = {}
+        for arm, name in (("CacheBlend", "kvfuse"), ("full prefill", "kvfuse-full")):
+            usage = load_json(root / "docs/results" / run / "run-1" / f"{name}.json")["usage"]
+            for part, group in (("first 8", usage[:8]), ("last 24", usage[8:])):
+                ttft = [u["ttft_ms"] for u in group]
+                expected[f"{arm}, {part}"] = [f"{st.median(ttft):.0f}", f"{max(ttft):.0f}",
+                                              f"{sum(u['chunk_tokens'] for u in group)}",
+                                              f"{sum(u['loaded_tokens'] for u in group)}",
+                                              f"{sum(u['recomputed_tokens'] for u in group):.0f}"]
+        page.compare(anchor, f"server.md, cold requests ({run})", expected)
 
 
 def check_llamacpp_callback(root):
@@ -501,7 +515,7 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
-              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root), lambda: check_llamacpp_callback(root), lambda: check_server_cold(root),
+              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root), lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
