@@ -380,6 +380,32 @@ TEST_CASE("CpuBatchEngine: chunk caches missing from the store are computed alon
   CHECK(metrics.begin()->second.loaded_tokens == static_cast<std::int64_t>(ps[1].tokens.size()) - ps[1].layout.query.size());
 }
 
+TEST_CASE("CpuBatchEngine: queued chunk caches are computed one a step while other prefills take the whole budget") {
+  const CpuLlama model = small_llama();
+  ProbeStore store;
+  const std::vector<Prompt> ps = prompts();
+  BatchEngineConfig config;
+  config.budget.token_budget = static_cast<std::int64_t>(ps[0].tokens.size());
+  CpuBatchEngine<ProbeStore> engine(model, store, config);
+  (void)engine.submit(request_of(ps[0], "naive", 1));  // cold: every row in its one prefill step, 4 chunks queued
+  for (int i = 0; i < 8; ++i) (void)engine.submit(request_of(ps[1], "full", 1));  // chunked prefills, 8 prompts
+  for (int step = 0; step < 5; ++step) {
+    for (const TokenEvent& e : engine.step()) REQUIRE_MESSAGE(e.status == Status::success, e.error);
+    const StepStats& s = engine.last_step();
+    if (step == 0) continue;
+    CAPTURE(step);
+    CHECK(s.plan.used_tokens == s.plan.token_budget);  // the full-prefill requests took the whole budget
+    CHECK(s.items == static_cast<std::int64_t>(s.plan.allocations.size()) + 1);  // and one chunk cache beside them
+  }
+  engine.connector().wait_for_saves();
+  for (const PromptChunk& c : ps[0].layout.chunks) {
+    const auto chunk = std::span<const token_id>(ps[0].tokens).subspan(static_cast<std::size_t>(c.range.begin),
+                                                                         static_cast<std::size_t>(c.range.size()));
+    CHECK(store.inner().get(chunk_cache_key(model.fingerprint(), chunk)).has_value());
+  }
+  while (!engine.idle()) (void)engine.step();
+}
+
 TEST_CASE("CpuBatchEngine: a cancelled request leaves with its KV freed; bad requests are refused by name") {
   const CpuLlama model = small_llama();
   ProbeStore store;

@@ -15,9 +15,10 @@
 // at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a Cake request's two sides
 // met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
 // without a stored chunk cache are computed in context for the request; alone at position 0 (CacheBlend's chunk
-// cache, saved asynchronously for later requests) they are queued and computed last, with the budget a step leaves
-// (or one when the step has nothing else), so that they never lengthen a request's prefill. The step whose prefill
-// computes a prompt's last row samples the first token; each later step one more. Requests arrive (submit) and leave
+// cache, saved asynchronously for later requests) they are queued and computed last, with the budget a step leaves,
+// so that they do not lengthen the prefill of the request that needs them; one a step once it has waited a step, so
+// that a server whose budget is always taken still stores them. The step whose prefill computes a prompt's last row
+// samples the first token; each later step one more. Requests arrive (submit) and leave
 // (finish, cancel) between steps; a finished request frees its KV.
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
@@ -267,7 +268,7 @@ class CpuBatchEngine {
         if (saving_.count(key.content) != 0 ||
             std::any_of(chunk_queue_.begin(), chunk_queue_.end(), [&](const QueuedChunk& q) { return q.key == key; }))
           continue;
-        chunk_queue_.push_back({std::move(key), std::vector<token_id>(tokens.begin(), tokens.end())});
+        chunk_queue_.push_back({std::move(key), std::vector<token_id>(tokens.begin(), tokens.end()), false});
       }
       BatchItem item;
       item.kv = &r.fusion.kv();
@@ -284,17 +285,19 @@ class CpuBatchEngine {
       roles_.push_back({a.id, Role::fusion});
       stats_.prefill_rows += static_cast<std::int64_t>(r.plan.initial.size());
     }
-    // The queued chunk caches, in the budget the step leaves; one when the step has nothing else.
+    // The queued chunk caches, in the budget the step leaves; beyond it, one that has waited a step (or one when the
+    // step has nothing else).
     for (std::int64_t left = config_.budget.token_budget - stats_.decode_rows - stats_.prefill_rows;
          !chunk_queue_.empty();) {
       const auto size = static_cast<std::int64_t>(chunk_queue_.front().tokens.size());
-      if (size > left && !(items_.empty() && chunk_kv.empty())) break;
+      if (size > left && !(chunk_kv.empty() && (items_.empty() || chunk_queue_.front().waited))) break;
       left -= size;
       chunk_keys.push_back(std::move(chunk_queue_.front().key));
       chunk_tokens.push_back(std::move(chunk_queue_.front().tokens));
       chunk_queue_.pop_front();
       chunk_kv.push_back(std::make_unique<LlamaKVCache>(model_->config().n_layer, model_->config().kv_dim(), size));
     }
+    for (QueuedChunk& q : chunk_queue_) q.waited = true;
     for (std::size_t c = 0; c < chunk_kv.size(); ++c) {
       BatchItem item;
       item.kv = chunk_kv[c].get();
@@ -579,6 +582,7 @@ class CpuBatchEngine {
   struct QueuedChunk {
     KVKey key;
     std::vector<token_id> tokens;
+    bool waited = false;  // queued in an earlier step
   };
   std::deque<QueuedChunk> chunk_queue_;  // chunk caches the store lacks, to compute alone (step: last in the budget)
   std::set<std::uint64_t> saving_;      // chunk caches being saved (key contents)
