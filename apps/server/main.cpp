@@ -77,7 +77,6 @@
 #include "chat_request.hpp"
 #include "metrics.hpp"
 #include "musique.hpp"
-#include "peer.hpp"
 #include "text_stream.hpp"
 
 namespace {
@@ -563,18 +562,7 @@ class Api {
     }
     auto state = std::make_shared<Generation>(tok_, c, std::move(ticket), n, prompt.layout, model_id_);
     if (!c.stream) {
-      // Nothing is written until the answer is whole, so a client that went away is looked for once a second.
-      auto checked = std::chrono::steady_clock::now();
-      bool cancelled = false;
-      while (!state->finished) {
-        (void)state->take(std::chrono::milliseconds(1000), service_);
-        if (cancelled || std::chrono::steady_clock::now() - checked < std::chrono::seconds(1)) continue;
-        checked = std::chrono::steady_clock::now();
-        if (kvfuse_server::client_gone(req)) {  // the engine frees the request; its last event comes as cancelled
-          service_.cancel(state->ticket.id);
-          cancelled = true;
-        }
-      }
+      while (!state->finished) state->take(std::chrono::milliseconds(1000), service_);
       if (state->error) throw ApiError(500, *state->error, "", "engine_error", "server_error");
       json message = {{"role", "assistant"}, {"content", state->text.text()}};
       const json out = {{"id", state->id},
