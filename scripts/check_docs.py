@@ -515,7 +515,8 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
-              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root), lambda: check_llamacpp_callback(root), lambda: check_server(root),
+              lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
+              lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
