@@ -21,6 +21,20 @@
 
 namespace kvfuse_test {
 
+// True in the sanitizer builds (ASan, TSan): a randomized property test draws fewer trials there. The sanitizers
+// check the code paths, which a few dozen trials reach; the full sample runs in the optimized build (ci preset).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // Tokens 1000, 1001, ...: n distinct ids for tests that need a prompt but not a model.
 inline std::vector<kvfuse::token_id> iota_tokens(std::int64_t n) {
   std::vector<kvfuse::token_id> t(static_cast<std::size_t>(n));

@@ -21,6 +21,7 @@
 
 #include "kvfuse/backend/cpu_llama.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
+#include "kvfuse/detail/rope.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/model/gguf.hpp"
 

@@ -26,6 +26,7 @@
 #include <variant>
 #include <vector>
 
+#include "kvfuse/core/config.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/model/bpe.hpp"
@@ -50,46 +51,18 @@ class Tokenizer {
   // Token ids of `text` (UTF-8). With parse_special, the text of control tokens ("<|im_start|>",
   // "<start_of_turn>") becomes those tokens; without, it is tokenized as plain text. User-defined tokens are
   // matched either way, as in llama.cpp. Never adds BOS/EOS: see tokenize(), add_bos(), add_eos().
-  [[nodiscard]] std::vector<token_id> encode(std::string_view text, bool parse_special = true) const {
-    detail::require_utf8(text, "input text");
-    std::vector<token_id> out;
-    const std::vector<detail::Fragment> fragments = index_.partition(text, parse_special, vocab_);
-    if (const auto* bpe = std::get_if<detail::BPEModel>(&model_)) {
-      bpe->encode(text, fragments, index_, out);
-    } else {
-      std::get<detail::SPMModel>(model_).encode(text, fragments, vocab_, index_, out);
-    }
-    return out;
-  }
+  [[nodiscard]] std::vector<token_id> encode(std::string_view text, bool parse_special = true) const;
 
   // llama.cpp's llama_tokenize: encode(), with BOS first when add_special and add_bos(), and EOS last when
   // add_special and add_eos().
   [[nodiscard]] std::vector<token_id> tokenize(std::string_view text, bool add_special,
-                                               bool parse_special = true) const {
-    std::vector<token_id> out;
-    if (add_special && vocab_.add_bos) out.push_back(vocab_.bos);
-    const std::vector<token_id> body = encode(text, parse_special);
-    out.insert(out.end(), body.begin(), body.end());
-    if (add_special && vocab_.add_eos) out.push_back(vocab_.eos);
-    return out;
-  }
+                                               bool parse_special = true) const;
 
   // The bytes the tokens stand for, concatenated. Control and unknown tokens appear as their text when
   // render_special is true and are left out otherwise (llama.cpp's `special` flag). With add_space_prefix()
   // one leading space of the first token is dropped, as llama.cpp's llama_detokenize does. Throws on an id
   // outside the vocabulary.
-  [[nodiscard]] std::string decode(std::span<const token_id> ids, bool render_special = true) const {
-    std::string out;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      check_id(ids[i], "decode");
-      const TokenType type = vocab_.type_of(ids[i]);
-      if (!render_special && (type == TokenType::control || type == TokenType::unknown)) continue;
-      std::string_view piece = index_.piece(ids[i]);
-      if (i == 0 && vocab_.add_space_prefix && piece.starts_with(' ')) piece.remove_prefix(1);
-      out += piece;
-    }
-    return out;
-  }
+  [[nodiscard]] std::string decode(std::span<const token_id> ids, bool render_special = true) const;
 
   // The token's text as the vocabulary stores it ("Ġthe" in a BPE vocabulary, "▁the" in a SentencePiece one).
   [[nodiscard]] std::string_view token_text(token_id id) const {
@@ -182,3 +155,8 @@ class BPETokenizer : public Tokenizer {
 };
 
 }  // namespace kvfuse
+
+// The member functions' definitions (header-only unless KVFUSE_CPU_SEPARATE_COMPILATION: core/config.hpp).
+#ifndef KVFUSE_CPU_SEPARATE_COMPILATION
+#include "kvfuse/model/text_tokenizer_impl.hpp"
+#endif
