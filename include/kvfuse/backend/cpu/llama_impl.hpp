@@ -16,6 +16,7 @@
 
 #include "kvfuse/backend/cpu/llama.hpp"
 #include "kvfuse/core/hash.hpp"
+#include "kvfuse/core/sampling.hpp"
 #include "kvfuse/detail/attention.hpp"
 #include "kvfuse/detail/cpu_kernels.hpp"
 #include "kvfuse/detail/kv_deviation.hpp"
@@ -135,16 +136,8 @@ KVFUSE_CPU_INLINE std::vector<token_id> CpuLlama::greedy_decode(LlamaKVCache& kv
   detail::require(static_cast<std::int64_t>(last_logits.size()) == config_.n_vocab,
                   "CpuLlama::greedy_decode: {} logits for a vocabulary of {}", last_logits.size(), config_.n_vocab);
   detail::require(max_new_tokens >= 0, "CpuLlama::greedy_decode: max_new_tokens = {} is negative", max_new_tokens);
-  std::vector<token_id> out;
-  std::vector<float> logits(last_logits.begin(), last_logits.end());
-  while (static_cast<std::int64_t>(out.size()) < max_new_tokens) {
-    const token_id next = argmax_token(logits);
-    if (next == eos) break;
-    out.push_back(next);
-    if (static_cast<std::int64_t>(out.size()) == max_new_tokens) break;
-    logits = extend(kv, std::span<const token_id>(&out.back(), 1));
-  }
-  return out;
+  return greedy_tokens(last_logits, max_new_tokens, eos,
+                       [&](token_id t) { return extend(kv, std::span<const token_id>(&t, 1)); });
 }
 
 KVFUSE_CPU_INLINE std::vector<std::vector<float>> CpuLlama::forced_logits(LlamaKVCache& kv,

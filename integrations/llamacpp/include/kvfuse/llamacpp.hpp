@@ -55,6 +55,7 @@
 
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
+#include "kvfuse/core/sampling.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/fusion/fusion_backend.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
@@ -224,16 +225,8 @@ class LlamaCppFusion : public LlamaCppContext {
   // Greedy tokens after the prompt (stops at eos or max_new_tokens), decoded in the request's sequence.
   std::vector<token_id> greedy(std::span<const float> last_logits, std::int64_t max_new_tokens, token_id eos) {
     check_logits(last_logits, "greedy");
-    std::vector<token_id> out;
-    std::vector<float> logits(last_logits.begin(), last_logits.end());
-    while (static_cast<std::int64_t>(out.size()) < max_new_tokens) {
-      const token_id next = argmax_token(logits);
-      if (next == eos) break;
-      out.push_back(next);
-      if (static_cast<std::int64_t>(out.size()) == max_new_tokens) break;
-      logits = append(std::span<const token_id>(&out.back(), 1), false).front();
-    }
-    return out;
+    return greedy_tokens(last_logits, max_new_tokens, eos,
+                         [&](token_id t) { return append(std::span<const token_id>(&t, 1), false).front(); });
   }
 
   // Teacher forcing: the distributions before each of `tokens` when they are fed after the prompt — the first
