@@ -56,7 +56,7 @@ class PagedBatchEngine {
   // A pool of `pages` pages shared by every request.
   PagedBatchEngine(const kvfuse::CpuLlama& model, Store& store, std::int64_t pages, kvfuse::ConnectorConfig config = {})
       : model_(&model),
-        connector_(store, shape_of(model), config),
+        connector_(store, kvfuse::engine_shape(kvfuse::CpuLlamaFusion(model)), config),  // fp32: the model's fingerprint
         pool_(static_cast<std::size_t>(pages) * page_floats()) {
     for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(p);  // handed out from the back: page 0 first
   }
@@ -163,11 +163,6 @@ class PagedBatchEngine {
       return e.connector_.after_layer(ids[item], report, next);
     }
   };
-
-  static kvfuse::EngineShape shape_of(const kvfuse::CpuLlama& model) {
-    const kvfuse::CpuLlamaFusion format(model);  // fp32 storage: the model's own fingerprint
-    return {format.model_fingerprint(), format.num_layers(), format.layer_bytes(1)};
-  }
 
   [[nodiscard]] std::int64_t num_layers() const { return model_->config().n_layer; }
   [[nodiscard]] std::int64_t kv_dim() const { return model_->config().kv_dim(); }

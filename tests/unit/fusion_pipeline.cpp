@@ -572,6 +572,37 @@ TEST_CASE("merge_runs fills exactly the gaps shorter than a call's cost, nothing
   CHECK(merge_runs({5}, 100) == TokenSet{5});
 }
 
+namespace {
+struct ShapeProbe {  // what engine_shape reads of an engine
+  std::int64_t run_cost = 0;
+  [[nodiscard]] std::uint64_t model_fingerprint() const { return 0xABC; }
+  [[nodiscard]] std::int64_t num_layers() const { return 4; }
+  [[nodiscard]] std::size_t block_bytes(std::int64_t rows) const { return static_cast<std::size_t>(rows) * 4 * 96; }
+};
+struct CostlyShapeProbe : ShapeProbe {
+  [[nodiscard]] std::int64_t run_cost_rows() const { return run_cost; }
+};
+}  // namespace
+
+TEST_CASE("engine_shape: model, layers and bytes per row of one layer from the engine; its call cost when it has one; "
+          "a negative call cost is refused, naming it") {
+  const EngineShape free_calls = engine_shape(ShapeProbe{});
+  CHECK(free_calls.model == 0xABC);
+  CHECK(free_calls.num_layers == 4);
+  CHECK(free_calls.layer_bytes_per_row == 96);
+  CHECK(free_calls.block_bytes(3) == 3 * 4 * 96);
+  CHECK(free_calls.run_cost_rows == 0);
+  CHECK(engine_shape(CostlyShapeProbe{{40}}).run_cost_rows == 40);
+  CHECK(error_of([] { (void)engine_shape(CostlyShapeProbe{{-2}}); }).find("run_cost_rows() is -2") !=
+        std::string::npos);
+  // The CPU engine's: its own fingerprint, n_layer, K and V of kv_dim floats per layer and row.
+  const CpuLlama model = small_llama();
+  const EngineShape cpu = engine_shape(CpuLlamaFusion(model));
+  CHECK(cpu.model == CpuLlamaFusion(model).model_fingerprint());
+  CHECK(cpu.num_layers == model.config().n_layer);
+  CHECK(cpu.layer_bytes_per_row == static_cast<std::size_t>(2 * model.config().kv_dim()) * sizeof(float));
+}
+
 TEST_CASE("an engine with a cost per forward call gets a fixed set's close runs merged: fewer calls, the rows a "
           "superset, every added row recomputed exactly") {
   const CpuLlama model = small_llama();

@@ -82,8 +82,7 @@ class FusionPipeline {
   FusionPipeline(Backend& backend, Store& store, VariantCacheConfig variants = {}, LoadConfig load = {})
       : backend_(&backend),
         store_(&store),
-        shape_{backend.model_fingerprint(), backend.num_layers(),
-               backend.block_bytes(1) / static_cast<std::size_t>(backend.num_layers()), run_cost_of(backend)},
+        shape_(engine_shape(backend)),
         variants_(variants),
         load_(load),
         loader_(backend, store, shape_) {
@@ -226,15 +225,6 @@ class FusionPipeline {
   }
 
  private:
-  static std::int64_t run_cost_of(const Backend& backend) {
-    if constexpr (RunCostBackend<Backend>) {
-      const std::int64_t rows = backend.run_cost_rows();
-      detail::require(rows >= 0, "FusionPipeline: the engine's run_cost_rows() is {}, below 0", rows);
-      return rows;
-    }
-    return 0;
-  }
-
   // run() after begin(): plan, load + check + shift, the engine's prefill with the method's S_l. Rows
   // [0, exact_prefix), a chunk boundary, are already resident and exact (Cake, run_composed): their chunks are
   // reported as `prefix` and none of their rows is recomputed.

@@ -52,6 +52,20 @@ struct EngineShape {
   }
 };
 
+// The shape of an engine that reports model_fingerprint(), num_layers(), block_bytes(rows) and, when a forward call
+// costs it more than its rows, run_cost_rows() (RunCostBackend): how every engine's EngineShape is read.
+template <class Engine>
+[[nodiscard]] EngineShape engine_shape(const Engine& engine) {
+  EngineShape shape{engine.model_fingerprint(), engine.num_layers(),
+                    engine.block_bytes(1) / static_cast<std::size_t>(engine.num_layers())};
+  if constexpr (requires { engine.run_cost_rows(); }) {
+    shape.run_cost_rows = engine.run_cost_rows();
+    detail::require(shape.run_cost_rows >= 0, "engine_shape: the engine's run_cost_rows() is {}, below 0",
+                    shape.run_cost_rows);
+  }
+  return shape;
+}
+
 // Cache-Craft variants a plan may choose from: the cache and where each variant's KV was rotated (by key content).
 struct VariantIndex {
   const VariantCache* cache = nullptr;

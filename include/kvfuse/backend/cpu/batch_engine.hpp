@@ -145,7 +145,7 @@ class CpuBatchEngine {
       : model_(&model),
         config_((config.validate(), config)),
         scheduler_(config.budget),
-        connector_(store, shape_of(model), config.connector),
+        connector_(store, engine_shape(CpuLlamaFusion(model)), config.connector),
         cake_(store, BidirectionalLoader<CpuLlamaFusion, Store>(cake_loader(config), config.cake_estimate)) {
     if (config_.cake_speeds) speeds_.emplace(*config_.cake_speeds);
   }
@@ -444,10 +444,6 @@ class CpuBatchEngine {
     return c;
   }
 
-  static EngineShape shape_of(const CpuLlama& model) {
-    const CpuLlamaFusion probe(model);
-    return {probe.model_fingerprint(), probe.num_layers(), probe.layer_bytes(1)};
-  }
 
   // New requests planned and started (up to max_running), cancellations applied.
   void admit(std::vector<TokenEvent>& events) {

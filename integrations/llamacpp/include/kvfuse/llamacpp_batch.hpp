@@ -117,8 +117,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
         store_(&store),
         regions_(options.max_requests),
         region_cells_(options.region_cells),
-        shape_{model_fingerprint(), num_layers(), block_bytes(1) / static_cast<std::size_t>(num_layers()),
-               run_cost_rows()},
+        shape_(engine_shape(static_cast<const LlamaCppContext&>(*this))),
         save_chunk_caches_(options.save_chunk_caches) {
     kvfuse::detail::require(llama_model_n_swa(model_.get()) <= 0,
                             "LlamaCppBatchEngine: '{}' has sliding-window layers (window {}): llama.cpp may reuse a "
