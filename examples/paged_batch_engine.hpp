@@ -56,7 +56,8 @@ class PagedBatchEngine {
   // A pool of `pages` pages shared by every request.
   PagedBatchEngine(const kvfuse::CpuLlama& model, Store& store, std::int64_t pages, kvfuse::ConnectorConfig config = {})
       : model_(&model),
-        connector_(store, kvfuse::engine_shape(kvfuse::CpuLlamaFusion(model)), config),  // fp32: the model's fingerprint
+        // fp32 storage: the stored blocks carry the model's own fingerprint
+        connector_(store, kvfuse::engine_shape(kvfuse::CpuLlamaFusion(model)), config),
         pool_(static_cast<std::size_t>(pages) * page_floats()) {
     for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(p);  // handed out from the back: page 0 first
   }

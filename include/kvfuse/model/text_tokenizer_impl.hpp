@@ -1,6 +1,6 @@
 #pragma once
-// The out-of-class member functions of model/text_tokenizer.hpp (the class and what each does are there). It includes this
-// file at its end unless KVFUSE_CPU_SEPARATE_COMPILATION is defined (core/config.hpp).
+// The out-of-class member functions of model/text_tokenizer.hpp (the class and what each does are there). It
+// includes this file at its end unless KVFUSE_CPU_SEPARATE_COMPILATION is defined (core/config.hpp).
 
 #include "kvfuse/model/text_tokenizer.hpp"
 

@@ -444,7 +444,6 @@ class CpuBatchEngine {
     return c;
   }
 
-
   // New requests planned and started (up to max_running), cancellations applied.
   void admit(std::vector<TokenEvent>& events) {
     std::set<std::uint64_t> cancelled;
