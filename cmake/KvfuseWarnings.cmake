@@ -31,7 +31,7 @@ endfunction()
 # kvfuse_unity_groups(<target> <sources...> HEAVY <names...>): compiles a test binary's files as a few unity
 # translation units instead of one per file: each file that includes the CPU backend parses it again (with the
 # engine compiled once, kvfuse::cpu_compiled, still about 13 s at -O3 on two cores). The files named after HEAVY
-# (file names without extension) go into two groups, the rest into a third; main.cpp stays on its own. Each test file's body is in a namespace
+# (file names without extension) go into two groups, the rest into a third. Each test file's body is in a namespace
 # of its own, so the files do not see each other's helpers. -DKVFUSE_UNITY_TESTS=OFF compiles file by file.
 function(kvfuse_unity_groups target)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "HEAVY")
