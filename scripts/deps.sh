@@ -10,7 +10,7 @@ APT_PACKAGES=(
   libhiredis-dev           # kvfuse::redis (RedisKVStore)
   redis-server redis-tools # the redis tests start real servers (single node and Cluster)
   liblz4-dev libzstd-dev   # kvfuse::codecs (compressed stored KV)
-  clang                    # the libFuzzer targets (GGUF, store entries)
+  clang                    # the libFuzzer targets (GGUF, store entries) and the sanitize preset's compiler
   libeigen3-dev            # reference CPU backend (kvfuse::cpu)
   libpcre2-dev pkg-config  # tokenizer pre-tokenizer regexes (kvfuse::cpu)
   nlohmann-json3-dev       # examples reading MuSiQue JSON

@@ -108,9 +108,11 @@ void check_get_into_equals_get_range(Store& store, const KVKey& key, const KVBlo
   const std::optional<KVBlockInfo> info = store.describe(key);
   REQUIRE(info.has_value());
   const std::uint64_t n = block.bytes.size();
-  for (const auto& [offset, size] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+  for (const auto& bounds : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
            {0, 0}, {n, 0}, {0, 10}, {page - 5, 10}, {page, page}, {100, 2 * page}, {page + 1, page - 2},
            {3 * page, n - 3 * page}, {3 * page + 7, n - 3 * page - 7}, {0, n}, {n - 1, 1}}) {
+    const std::uint64_t offset = bounds.first;
+    const std::uint64_t size = bounds.second;
     CAPTURE(offset);
     CAPTURE(size);
     std::vector<std::byte> out(static_cast<std::size_t>(size), std::byte{0x5a});

@@ -348,18 +348,18 @@ TEST_CASE("CompressedKVStore over DiskKVStore: compressed files, persistence acr
 
 TEST_CASE("CompressedKVStore refuses a raw size above max_raw_bytes before allocating it") {
   InMemoryKVStore inner;
-  const KVKey key{9, 9};
+  const KVKey big{9, 9};
   const KVBlock b = kv_block(64, kvfuse::DType::f32, 8);
-  CompressedKVStore<InMemoryKVStore>(inner, CodecOptions{Codec::zstd}).put(key, b);
+  CompressedKVStore<InMemoryKVStore>(inner, CodecOptions{Codec::zstd}).put(big, b);
   CodecOptions small{Codec::zstd};
   small.max_raw_bytes = b.bytes.size() - 1;
   CompressedKVStore reader(inner, small);
-  CHECK_FALSE(reader.get(key).has_value());
+  CHECK_FALSE(reader.get(big).has_value());
   CHECK(reader.rejected() == 1);
   CHECK(has(reader.last_rejection(), fmt::format("raw size {} exceeds max_raw_bytes {}", b.bytes.size(),
                                                  b.bytes.size() - 1)));
   small.max_raw_bytes = b.bytes.size();
-  CHECK(CompressedKVStore(inner, small).get(key)->bytes == b.bytes);  // exactly the limit is read
+  CHECK(CompressedKVStore(inner, small).get(big)->bytes == b.bytes);  // exactly the limit is read
 }
 
 TEST_CASE("CodecOptions names the bad value") {

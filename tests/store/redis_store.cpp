@@ -102,8 +102,10 @@ TEST_CASE("RedisKVStore: round trip, the stored value, get_many, describe + get_
   std::memcpy(&stored_checksum, value.data() + kvfuse::kv_entry_checksum_offset, sizeof stored_checksum);
   CHECK(info->version == stored_checksum);
   const std::uint64_t n = block_a.bytes.size();
-  for (const auto& [offset, size] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+  for (const auto& range : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
            {0, n}, {0, 1}, {1000, 70000}, {page, page}, {page - 1, 2}, {n - 1234, 1234}, {n - 1, 1}, {5, 0}, {n, 0}}) {
+    const std::uint64_t offset = range.first;
+    const std::uint64_t size = range.second;
     CAPTURE(offset);
     CAPTURE(size);
     const std::optional<std::vector<std::byte>> got = store.get_range(a, *info, offset, size);
@@ -198,8 +200,10 @@ TEST_CASE("RedisKVStore: get_into fills the caller's buffer with the bytes of ge
   const std::optional<KVBlockInfo> info = store.describe(key);
   REQUIRE(info.has_value());
   const std::uint64_t n = block.bytes.size();
-  for (const auto& [offset, size] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+  for (const auto& range : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
            {0, n}, {0, 1}, {page - 3, 6}, {page, 2 * page}, {n - 777, 777}, {n, 0}}) {
+    const std::uint64_t offset = range.first;
+    const std::uint64_t size = range.second;
     CAPTURE(offset);
     CAPTURE(size);
     std::vector<std::byte> out(static_cast<std::size_t>(size));
@@ -487,7 +491,7 @@ TEST_CASE("parse_redis_uri and RedisOptions: accepted forms and clear errors") {
   CHECK(cluster.nodes[2] == kvfuse::RedisEndpoint{"b", 7002});
   CHECK(kvfuse::parse_redis_uri("redis-cluster://h:1").nodes.size() == 1);
 
-  for (const auto& [uri, needle] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& bad : std::vector<std::pair<std::string, std::string>>{
            {"http://h:6379", "'http://h:6379' is not a Redis URI"},
            {"h:6379", "'h:6379' is not a Redis URI"},
            {"redis://", "node '' is not HOST:PORT"},
@@ -503,6 +507,8 @@ TEST_CASE("parse_redis_uri and RedisOptions: accepted forms and clear errors") {
            {"redis-cluster://a:1,", "node '' is not HOST:PORT"},
            {"redis-cluster://[::1:7000", "not HOST:PORT"},
        }) {
+    const std::string& uri = bad.first;
+    const std::string& needle = bad.second;
     CAPTURE(uri);
     const std::string message = kvfuse_test::error_of([&] { (void)kvfuse::parse_redis_uri(uri); });
     CHECK(has(message, needle));

@@ -485,8 +485,10 @@ TEST_CASE("Ranged reads (describe + get_range) return exactly the bytes of get, 
     CHECK(info->num_tokens == block.num_tokens);
     CHECK(info->first_position == 17);
     CHECK(info->bytes == block.bytes.size());
-    for (const auto& [offset, size] : std::vector<std::pair<std::size_t, std::size_t>>{
+    for (const auto& range : std::vector<std::pair<std::size_t, std::size_t>>{
              {0, 0}, {70000, 0}, {0, 10}, {65530, 20}, {65536, 65536}, {100, 3 * 65536}, {3 * 65536, 1000}, {0, block.bytes.size()}}) {
+      const std::size_t offset = range.first;
+      const std::size_t size = range.second;
       CAPTURE(offset);
       CAPTURE(size);
       CHECK(range_is(store.get_range(key, *info, offset, size), block, offset, size));

@@ -403,7 +403,9 @@ TEST_CASE("real model: qwen2: Qwen2.5-Coder-0.5B-Instruct's config and biases; l
   CHECK_FALSE(tok.add_bos());
   CHECK(tok.eos() == 151645);  // <|im_end|>
   int encodes = 0, chats = 0, rags = 0;
-  for (const auto& [kind, f] : qwen2_cases()) {
+  for (const auto& test_case : qwen2_cases()) {
+    const std::string& kind = test_case.first;
+    const auto& f = test_case.second;
     if (kind == "encode") {
       REQUIRE(f.size() == 4);
       INFO("parse_special ", f[1], ", text '", f[2], "'");
@@ -454,7 +456,9 @@ TEST_CASE("real model: qwen2: a ChatML prompt's full prefill and greedy answer c
     return it->second;
   };
   int checked = 0;
-  for (const auto& [kind, f] : qwen2_cases()) {
+  for (const auto& test_case : qwen2_cases()) {
+    const std::string& kind = test_case.first;
+    const auto& f = test_case.second;
     if (kind != "logits" && kind != "greedy") continue;
     CAPTURE(kind);
     CAPTURE(f[1]);

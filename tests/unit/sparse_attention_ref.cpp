@@ -246,8 +246,10 @@ TEST_CASE("sparse_attention ref matches an fp64 two-pass softmax: dtypes, head_d
   const std::pair<std::int64_t, std::int64_t> heads[] = {{9, 3}, {32, 8}, {2, 2}};
   for (const DType t : {DType::bf16, DType::f16, DType::f32})
     for (const std::int64_t d : {64, 128})
-      for (const auto& [hq, hkv] : heads)
+      for (const auto& heads_q_kv : heads)
         for (const Layout layout : {Layout::nhd, Layout::strided}) {
+          const std::int64_t hq = heads_q_kv.first;
+          const std::int64_t hkv = heads_q_kv.second;
           CAPTURE(kvfuse::dtype_name(t));
           CAPTURE(d);
           CAPTURE(hq);

@@ -288,9 +288,11 @@ class HKVDSelector {
     for (std::size_t i = 0; i < current.size(); ++i) {
       detail::require(current[i] >= 0 && current[i] < n, "HKVDSelector: token {} (entry {}) is not in [0, {})",
                       current[i], i, n);
-      detail::require(i == 0 || current[i] > current[i - 1],
-                      "HKVDSelector: token set is not sorted and unique: {} follows {} at entry {}", current[i],
-                      current[i - 1], i);
+      if (i > 0) {  // not current[i - 1] for i == 0: the message's arguments are evaluated before the check
+        detail::require(current[i] > current[i - 1],
+                        "HKVDSelector: token set is not sorted and unique: {} follows {} at entry {}", current[i],
+                        current[i - 1], i);
+      }
       if (reusable_[static_cast<std::size_t>(current[i])] == 0) ++mandatory;
     }
     detail::require(mandatory == mandatory_tokens(),

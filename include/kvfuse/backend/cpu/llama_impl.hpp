@@ -187,8 +187,11 @@ KVFUSE_CPU_INLINE void CpuLlama::check_kv(const LlamaKVCache& kv, const char* wh
 KVFUSE_CPU_INLINE void CpuLlama::check_selection(const TokenSet& set, std::int64_t n, const char* what) {
   for (std::size_t i = 0; i < set.size(); ++i) {
     detail::require(set[i] >= 0 && set[i] < n, "{}: row {} (entry {}) is outside [0, {})", what, set[i], i, n);
-    detail::require(i == 0 || set[i] > set[i - 1], "{}: row {} (entry {}) is not above the previous row {}", what,
-                    set[i], i, set[i - 1]);
+    // Not set[i - 1] for i == 0 (the message's arguments are evaluated before the check).
+    if (i > 0) {
+      detail::require(set[i] > set[i - 1], "{}: row {} (entry {}) is not above the previous row {}", what, set[i], i,
+                      set[i - 1]);
+    }
   }
 }
 
