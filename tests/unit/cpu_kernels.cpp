@@ -16,6 +16,7 @@
 
 #include "kvfuse/backend/cpu/dequantize.hpp"
 #include "kvfuse/backend/cpu/llama.hpp"
+#include "kvfuse/backend/cpu/quantized_gemv.hpp"
 #include "kvfuse/backend/cpu/weight_matrix.hpp"
 #include "kvfuse/model/ggml_quant.hpp"
 #include "../support/small_llama.hpp"
@@ -111,6 +112,41 @@ TEST_CASE("gemm_packed: dispatched and portable products equal the double produc
             CHECK(std::abs(slow[at] - w) <= 1e-5 * static_cast<double>(k));
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm_rows and chunked gemm_packed: bit for bit one gemm_packed of the transposed rows over all of k") {
+  // A product over k split into chunks, each continuing the sums of the one before (accumulate), and the
+  // register-built panels of gemm_rows must both be the exact chain of one gemm_packed call: the CPU backend's
+  // decode path (a few rows, chunks of kRowsChunk) and its prefill path (one packed panel) give the same bits.
+  std::mt19937 rng(13);
+  for (const std::int64_t m : {1, 2, 3, 4, 5, 9}) {
+    for (const std::int64_t n : {1, 7, 8, 9, 16}) {
+      for (const std::int64_t k : {8, 24, 256, 576, 640, 13}) {
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        const std::int64_t ld = k + 5;  // rows of R with a stride
+        const std::vector<float> a = random_floats(static_cast<std::size_t>(m * k), rng);
+        const std::vector<float> r = random_floats(static_cast<std::size_t>(n * ld), rng);
+        std::vector<float> panel(static_cast<std::size_t>(d::packed_size(k, n)));
+        d::pack_transposed(r.data(), ld, n, k, panel.data());
+        const float canary = 777.0f;
+        std::vector<float> want(static_cast<std::size_t>(m * (n + 2)), canary);
+        d::gemm_packed(a.data(), k, m, k, panel.data(), n, want.data(), n + 2);
+        std::vector<float> got(want.size(), canary);
+        std::vector<float> chunked(want.size(), canary);
+        for (std::int64_t p = 0; p < k; p += d::kRowsChunk) {
+          const std::int64_t kc = std::min(d::kRowsChunk, k - p);
+          d::gemm_rows(r.data() + p, ld, n, kc, a.data() + p, k, m, got.data(), n + 2, p > 0);
+          std::vector<float> part(static_cast<std::size_t>(d::packed_size(kc, n)));
+          d::pack_transposed(r.data() + p, ld, n, kc, part.data());
+          d::gemm_packed(a.data() + p, k, m, kc, part.data(), n, chunked.data(), n + 2, p > 0);
+        }
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(chunked.data(), want.data(), want.size() * sizeof(float)) == 0);
       }
     }
   }
@@ -215,6 +251,55 @@ TEST_CASE("dequantize_blocks_cpu (AVX2 where the CPU has it) equals ggml's refer
   }
   std::vector<float> untouched(32, 7.0f);
   CHECK_FALSE(d::dequantize_blocks_cpu(GGMLType::iq2_xs, nullptr, 1, untouched.data()));
+  CHECK(untouched[0] == 7.0f);
+}
+
+TEST_CASE("gemv_blocks_cpu equals detail::gemv of the dequantized rows bit for bit, for 1 to 6 vectors at once") {
+  // Random bytes everywhere, fp16 scales included (inf, NaN, subnormal come up): the fused product must be the
+  // same FMAs on the same values as dequantize_blocks_cpu followed by gemv. NaN results need only both be NaN.
+  std::mt19937 rng(12);
+  INFO("AVX2 path taken: " << d::cpu_uses_avx2());
+  for (const GGMLType type : {GGMLType::q5_0, GGMLType::q8_0}) {
+    const kvfuse::GGMLTypeTraits traits = kvfuse::ggml_type_traits(type);
+    INFO("type " << std::string(traits.name));
+    const std::int64_t n = 37;
+    const std::int64_t k = 640;
+    const std::int64_t row_bytes = k / traits.block_size * traits.type_size;
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n * row_bytes));
+    for (std::uint8_t& b : bytes) b = static_cast<std::uint8_t>(rng() & 0xff);
+    std::vector<float> rows(static_cast<std::size_t>(n * k));
+    REQUIRE(d::dequantize_blocks_cpu(type, bytes.data(), n * k / traits.block_size, rows.data()));
+    for (std::int64_t m = 1; m <= 6; ++m) {
+      CAPTURE(m);
+      std::vector<std::vector<float>> x(static_cast<std::size_t>(m));
+      std::vector<std::vector<float>> want(static_cast<std::size_t>(m), std::vector<float>(static_cast<std::size_t>(n)));
+      std::vector<std::vector<float>> got(static_cast<std::size_t>(m), std::vector<float>(static_cast<std::size_t>(n)));
+      std::vector<const float*> xs;
+      std::vector<float*> ys;
+      for (std::int64_t i = 0; i < m; ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        x[u] = random_floats(static_cast<std::size_t>(k), rng);
+        d::gemv(rows.data(), k, n, k, x[u].data(), want[u].data());
+        xs.push_back(x[u].data());
+        ys.push_back(got[u].data());
+      }
+      if (!d::gemv_blocks_cpu(type, bytes.data(), row_bytes, n, k, xs.data(), m, ys.data())) {
+        CHECK_FALSE(d::cpu_uses_avx2());  // only a CPU without AVX2 has no fused path for these types
+        continue;
+      }
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < want.size(); ++i)
+        for (std::size_t j = 0; j < want[i].size(); ++j) {
+          const bool same_bits = std::memcmp(&got[i][j], &want[i][j], sizeof(float)) == 0;
+          if (!same_bits && !(std::isnan(got[i][j]) && std::isnan(want[i][j]))) ++differ;
+        }
+      CHECK(differ == 0);
+    }
+  }
+  std::vector<float> untouched(4, 7.0f);
+  const float* x0 = untouched.data();
+  float* y0 = untouched.data();
+  CHECK_FALSE(d::gemv_blocks_cpu(GGMLType::q4_1, nullptr, 20, 1, 32, &x0, 1, &y0));  // no fused Q4_1
   CHECK(untouched[0] == 7.0f);
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvfuse/backend/cpu/llama.hpp"
+#include "kvfuse/backend/cpu/quantized_gemv.hpp"
 #include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/sampling.hpp"
 #include "kvfuse/detail/attention.hpp"
@@ -216,12 +217,29 @@ KVFUSE_CPU_INLINE void CpuLlama::project(const RowMatrix& x, const WeightMatrix&
       detail::gemm_packed(x.data(), k, m, k, mine, c1 - c0, y.data() + c0, out);
       return;
     }
-    thread_local std::vector<float> panel;
-    panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
+    if (m > detail::kFusedRows) {
+      thread_local std::vector<float> panel;
+      panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
+      for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
+        const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
+        pack_weight_rows(w, c, c + n, panel.data());
+        detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
+      }
+      return;
+    }
+    thread_local std::vector<float> rows;
+    rows.resize(static_cast<std::size_t>(detail::kPanelWidth * detail::kRowsChunk));
     for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
       const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
-      pack_weight_rows(w, c, c + n, panel.data());
-      detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
+      for (std::int64_t p = 0; p < k; p += detail::kRowsChunk) {
+        const std::int64_t kc = std::min(detail::kRowsChunk, k - p);
+        if (w.is_f32()) {
+          detail::gemm_rows(w.values().data() + c * k + p, k, n, kc, x.data() + p, k, m, y.data() + c, out, p > 0);
+          continue;
+        }
+        w.dequantize_columns(c, n, p, kc, rows.data());
+        detail::gemm_rows(rows.data(), kc, n, kc, x.data() + p, k, m, y.data() + c, out, p > 0);
+      }
     }
   });
 }
@@ -250,6 +268,11 @@ KVFUSE_CPU_INLINE void CpuLlama::matvec_rows(const WeightMatrix& w, std::int64_t
       detail::gemv(w.values().data() + r0 * k, k, r1 - r0, k, xs.row(static_cast<Eigen::Index>(i)).data(), ys[i]);
     return;
   }
+  std::vector<const float*> xp(ys.size());
+  for (std::size_t i = 0; i < ys.size(); ++i) xp[i] = xs.row(static_cast<Eigen::Index>(i)).data();
+  if (detail::gemv_blocks_cpu(w.type(), w.row_blocks(r0), w.row_bytes(), r1 - r0, k, xp.data(),
+                              static_cast<std::int64_t>(ys.size()), ys.data()))
+    return;
   thread_local std::vector<float> rows;
   rows.resize(static_cast<std::size_t>(kHeadTile * k));
   for (std::int64_t r = r0; r < r1; r += kHeadTile) {

@@ -6,7 +6,8 @@
 // values), so a row dequantized here is bit-identical to GGUFFile::dequantize of the same tensor.
 //
 // The products (CpuLlama::project) dequantize the rows of a panel of outputs at a time and run the dense
-// kernels of detail/cpu_kernels.hpp on them.
+// kernels of detail/cpu_kernels.hpp on them; the output head's (CpuLlama::matvec_rows) dequantizes in registers
+// where it can (backend/cpu/quantized_gemv.hpp).
 
 #include <cmath>
 #include <cstddef>
@@ -83,6 +84,10 @@ class WeightMatrix {
     return values_;
   }
 
+  // The blocks of row r and the bytes of one row of blocks (not is_f32()).
+  [[nodiscard]] const std::uint8_t* row_blocks(std::int64_t r) const noexcept { return blocks_.data() + r * row_bytes_; }
+  [[nodiscard]] std::int64_t row_bytes() const noexcept { return row_bytes_; }
+
   // Rows [first, first + n) as fp32 into out (n * cols floats).
   void dequantize_rows(std::int64_t first, std::int64_t n, float* out) const {
     if (n <= 0) return;
@@ -92,6 +97,19 @@ class WeightMatrix {
     }
     const GGMLTypeTraits traits = ggml_type_traits(type_);
     detail::dequantize_blocks_cpu(type_, blocks_.data() + first * row_bytes_, n * cols_ / traits.block_size, out);
+  }
+
+  // Columns [c0, c0 + kc) of rows [first, first + n) as fp32, row i at out + i * kc; c0 and kc whole blocks.
+  void dequantize_columns(std::int64_t first, std::int64_t n, std::int64_t c0, std::int64_t kc, float* out) const {
+    if (is_f32()) {
+      for (std::int64_t i = 0; i < n; ++i)
+        std::memcpy(out + i * kc, values_.data() + (first + i) * cols_ + c0, static_cast<std::size_t>(kc) * sizeof(float));
+      return;
+    }
+    const GGMLTypeTraits traits = ggml_type_traits(type_);
+    for (std::int64_t i = 0; i < n; ++i)
+      detail::dequantize_blocks_cpu(type_, row_blocks(first + i) + c0 / traits.block_size * traits.type_size,
+                                    kc / traits.block_size, out + i * kc);
   }
 
   // Elements [first, first + count) in row-major order as fp32.
