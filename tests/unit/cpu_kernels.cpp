@@ -117,41 +117,6 @@ TEST_CASE("gemm_packed: dispatched and portable products equal the double produc
   }
 }
 
-TEST_CASE("gemm_rows and chunked gemm_packed: bit for bit one gemm_packed of the transposed rows over all of k") {
-  // A product over k split into chunks, each continuing the sums of the one before (accumulate), and the
-  // register-built panels of gemm_rows must both be the exact chain of one gemm_packed call: the CPU backend's
-  // decode path (a few rows, chunks of kRowsChunk) and its prefill path (one packed panel) give the same bits.
-  std::mt19937 rng(13);
-  for (const std::int64_t m : {1, 2, 3, 4, 5, 9}) {
-    for (const std::int64_t n : {1, 7, 8, 9, 16}) {
-      for (const std::int64_t k : {8, 24, 256, 576, 640, 13}) {
-        CAPTURE(m);
-        CAPTURE(n);
-        CAPTURE(k);
-        const std::int64_t ld = k + 5;  // rows of R with a stride
-        const std::vector<float> a = random_floats(static_cast<std::size_t>(m * k), rng);
-        const std::vector<float> r = random_floats(static_cast<std::size_t>(n * ld), rng);
-        std::vector<float> panel(static_cast<std::size_t>(d::packed_size(k, n)));
-        d::pack_transposed(r.data(), ld, n, k, panel.data());
-        const float canary = 777.0f;
-        std::vector<float> want(static_cast<std::size_t>(m * (n + 2)), canary);
-        d::gemm_packed(a.data(), k, m, k, panel.data(), n, want.data(), n + 2);
-        std::vector<float> got(want.size(), canary);
-        std::vector<float> chunked(want.size(), canary);
-        for (std::int64_t p = 0; p < k; p += d::kRowsChunk) {
-          const std::int64_t kc = std::min(d::kRowsChunk, k - p);
-          d::gemm_rows(r.data() + p, ld, n, kc, a.data() + p, k, m, got.data(), n + 2, p > 0);
-          std::vector<float> part(static_cast<std::size_t>(d::packed_size(kc, n)));
-          d::pack_transposed(r.data() + p, ld, n, kc, part.data());
-          d::gemm_packed(a.data() + p, k, m, kc, part.data(), n, chunked.data(), n + 2, p > 0);
-        }
-        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
-        CHECK(std::memcmp(chunked.data(), want.data(), want.size() * sizeof(float)) == 0);
-      }
-    }
-  }
-}
-
 TEST_CASE("pack_transposed: the dispatched packer moves the same floats as the portable one, any row stride") {
   std::mt19937 rng(9);
   for (const std::int64_t n : {1, 8, 16, 31, 32, 48}) {

@@ -35,7 +35,6 @@ namespace kvfuse::detail {
 
 inline constexpr std::int64_t kPanelWidth = 16;  // columns of B per packed panel
 inline constexpr std::int64_t kRowBlock = 64;    // rows of A that pass a panel while it stays in cache
-inline constexpr std::int64_t kRowsChunk = 256;  // the most columns gemm_rows takes at once
 
 // Floats that the panels of a k x n matrix B occupy.
 inline std::int64_t packed_size(std::int64_t k, std::int64_t n) {
@@ -73,16 +72,11 @@ inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, s
   }
 }
 
-// C[i][j] = Σ_p A[i][p] B[p][j] for MR rows of A and one panel of B, j < nc (<= 16) stored; with `accumulate`
-// the sums start from C's values instead of 0 (a product split over ranges of p, range after range, is then the
-// same chain of operations as the product over all of p).
+// C[i][j] = Σ_p A[i][p] B[p][j] for MR rows of A and one panel of B, j < nc (<= 16) stored.
 template <int MR>
 inline void gemm_tile(const float* a, std::int64_t lda, const float* panel, std::int64_t k, float* c, std::int64_t ldc,
-                      std::int64_t nc, bool accumulate) {
+                      std::int64_t nc) {
   float acc[MR][kPanelWidth] = {};
-  if (accumulate)
-    for (int r = 0; r < MR; ++r)
-      for (std::int64_t j = 0; j < nc; ++j) acc[r][j] = c[r * ldc + j];
   for (std::int64_t p = 0; p < k; ++p) {
     const float* b = panel + p * kPanelWidth;
     for (int r = 0; r < MR; ++r) {
@@ -96,18 +90,17 @@ inline void gemm_tile(const float* a, std::int64_t lda, const float* panel, std:
 
 inline constexpr int kTileRows = 4;
 
-// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels); += with `accumulate`.
+// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels).
 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, const float* panels,
-                        std::int64_t n, float* c, std::int64_t ldc, bool accumulate = false) {
+                        std::int64_t n, float* c, std::int64_t ldc) {
   for (std::int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
     const std::int64_t i1 = std::min(m, i0 + kRowBlock);
     for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
       const float* panel = panels + j0 * k;
       const std::int64_t nc = std::min(kPanelWidth, n - j0);
       std::int64_t i = i0;
-      for (; i + kTileRows <= i1; i += kTileRows)
-        gemm_tile<kTileRows>(a + i * lda, lda, panel, k, c + i * ldc + j0, ldc, nc, accumulate);
-      for (; i < i1; ++i) gemm_tile<1>(a + i * lda, lda, panel, k, c + i * ldc + j0, ldc, nc, accumulate);
+      for (; i + kTileRows <= i1; i += kTileRows) gemm_tile<kTileRows>(a + i * lda, lda, panel, k, c + i * ldc + j0, ldc, nc);
+      for (; i < i1; ++i) gemm_tile<1>(a + i * lda, lda, panel, k, c + i * ldc + j0, ldc, nc);
     }
   }
 }
@@ -122,7 +115,6 @@ inline void gemv(const float* w, std::int64_t ldw, std::int64_t n, std::int64_t 
   }
 }
 
-
 // Softmax of one row of n base-2 scores in place: detail::attention_softmax_row (detail/attention.hpp).
 inline void softmax_row(float* scores, std::int64_t n) { attention_softmax_row(scores, n); }
 
@@ -132,38 +124,13 @@ inline void softmax_row(float* scores, std::int64_t n) { attention_softmax_row(s
 namespace avx2 {
 
 // portable::gemm_tile with 6 rows x 16 columns of C in 12 ymm accumulators.
-// Columns [8h, 8h + 8) of a row of C with nc <= 16 columns (zero past nc): a starting sum of an accumulating
-// product. (Accumulators pass by value: an array of them passed by pointer would keep them in memory.)
-KVFUSE_TARGET_AVX2 inline __m256 load_half(const float* c, std::int64_t nc, int h) {
-  if (nc == kPanelWidth) return _mm256_loadu_ps(c + 8 * h);
-  alignas(32) float row[kPanelWidth] = {};
-  for (std::int64_t j = 0; j < nc; ++j) row[j] = c[j];
-  return _mm256_load_ps(row + 8 * h);
-}
-
-// Stores lo, hi as a row of C with nc <= 16 columns.
-KVFUSE_TARGET_AVX2 inline void store_row(__m256 lo, __m256 hi, float* dst, std::int64_t nc) {
-  if (nc == kPanelWidth) {
-    _mm256_storeu_ps(dst, lo);
-    _mm256_storeu_ps(dst + 8, hi);
-    return;
-  }
-  alignas(32) float row[kPanelWidth];
-  _mm256_store_ps(row, lo);
-  _mm256_store_ps(row + 8, hi);
-  for (std::int64_t j = 0; j < nc; ++j) dst[j] = row[j];
-}
-
 template <int MR>
 KVFUSE_TARGET_AVX2 inline void gemm_tile(const float* a, std::int64_t lda, const float* panel, std::int64_t k, float* c,
-                                         std::int64_t ldc, std::int64_t nc, bool accumulate) {
+                                         std::int64_t ldc, std::int64_t nc) {
   __m256 lo[MR];
   __m256 hi[MR];
 #pragma GCC unroll 6
-  for (int r = 0; r < MR; ++r) {
-    lo[r] = accumulate ? load_half(c + r * ldc, nc, 0) : _mm256_setzero_ps();
-    hi[r] = accumulate ? load_half(c + r * ldc, nc, 1) : _mm256_setzero_ps();
-  }
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
   for (std::int64_t p = 0; p < k; ++p) {
     const __m256 b0 = _mm256_loadu_ps(panel + p * kPanelWidth);
     const __m256 b1 = _mm256_loadu_ps(panel + p * kPanelWidth + 8);
@@ -175,14 +142,24 @@ KVFUSE_TARGET_AVX2 inline void gemm_tile(const float* a, std::int64_t lda, const
     }
   }
 #pragma GCC unroll 6
-  for (int r = 0; r < MR; ++r) store_row(lo[r], hi[r], c + r * ldc, nc);
+  for (int r = 0; r < MR; ++r) {
+    float* dst = c + r * ldc;
+    if (nc == kPanelWidth) {
+      _mm256_storeu_ps(dst, lo[r]);
+      _mm256_storeu_ps(dst + 8, hi[r]);
+    } else {
+      alignas(32) float row[kPanelWidth];
+      _mm256_store_ps(row, lo[r]);
+      _mm256_store_ps(row + 8, hi[r]);
+      for (std::int64_t j = 0; j < nc; ++j) dst[j] = row[j];
+    }
+  }
 }
 
 inline constexpr int kTileRows = 6;
 
 KVFUSE_TARGET_AVX2 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k,
-                                           const float* panels, std::int64_t n, float* c, std::int64_t ldc,
-                                           bool accumulate) {
+                                           const float* panels, std::int64_t n, float* c, std::int64_t ldc) {
   for (std::int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
     const std::int64_t i1 = std::min(m, i0 + kRowBlock);
     for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
@@ -190,38 +167,17 @@ KVFUSE_TARGET_AVX2 inline void gemm_packed(const float* a, std::int64_t lda, std
       const std::int64_t nc = std::min(kPanelWidth, n - j0);
       float* cj = c + j0;
       std::int64_t i = i0;
-      for (; i + kTileRows <= i1; i += kTileRows)
-        gemm_tile<kTileRows>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc, accumulate);
+      for (; i + kTileRows <= i1; i += kTileRows) gemm_tile<kTileRows>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc);
       switch (i1 - i) {
-        case 5: gemm_tile<5>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc, accumulate); break;
-        case 4: gemm_tile<4>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc, accumulate); break;
-        case 3: gemm_tile<3>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc, accumulate); break;
-        case 2: gemm_tile<2>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc, accumulate); break;
-        case 1: gemm_tile<1>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc, accumulate); break;
+        case 5: gemm_tile<5>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc); break;
+        case 4: gemm_tile<4>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc); break;
+        case 3: gemm_tile<3>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc); break;
+        case 2: gemm_tile<2>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc); break;
+        case 1: gemm_tile<1>(a + i * lda, lda, panel, k, cj + i * ldc, ldc, nc); break;
         default: break;
       }
     }
   }
-}
-
-// The 8 x 8 matrix r[i][l] (row i in r[i]) transposed in place: r[l] becomes column l.
-KVFUSE_TARGET_AVX2 inline void transpose8(__m256* r) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
 // portable::pack_transposed (the same floats, only moved) with 8 x 8 blocks transposed in registers: whole
@@ -238,10 +194,23 @@ KVFUSE_TARGET_AVX2 inline void pack_transposed(const float* s, std::int64_t ld_s
         __m256 r[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + i * ld_s + p);
-        transpose8(r);
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
         float* dst = panel + p * kPanelWidth + half;  // column p + i of the 8 rows: panel row p + i
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * kPanelWidth, r[i]);
+        _mm256_storeu_ps(dst + 0 * kPanelWidth, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(dst + 1 * kPanelWidth, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(dst + 2 * kPanelWidth, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(dst + 3 * kPanelWidth, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(dst + 4 * kPanelWidth, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(dst + 5 * kPanelWidth, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(dst + 6 * kPanelWidth, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(dst + 7 * kPanelWidth, _mm256_permute2f128_ps(u3, u7, 0x31));
       }
     }
   }
@@ -272,45 +241,6 @@ KVFUSE_TARGET_AVX2 inline void gemv(const float* w, std::int64_t ldw, std::int64
     for (p = k8; p < k; ++p) sum += row[p] * x[p];
     y[j] = sum;
   }
-}
-
-// gemm_tile<MR> with the panel built in registers: 8 rows x 8 columns of R at a time transposed (transpose8)
-// and used at once, never stored. Each sum gets the same FMAs in the same order (lo: rows 0-7, hi: rows 8-15,
-// p increasing); k a multiple of 8, rows n..15 zero.
-template <int MR>
-KVFUSE_TARGET_AVX2 inline void gemm_rows_tile(const float* r, std::int64_t ld_r, std::int64_t n, std::int64_t k,
-                                              const float* a, std::int64_t lda, float* c, std::int64_t ldc,
-                                              bool accumulate) {
-  __m256 acc[2][MR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-    acc[0][i] = accumulate ? load_half(c + i * ldc, n, 0) : _mm256_setzero_ps();
-    acc[1][i] = accumulate ? load_half(c + i * ldc, n, 1) : _mm256_setzero_ps();
-  }
-  for (std::int64_t p = 0; p < k; p += 8) {
-    for (int half = 0; half < 2; ++half) {
-      __m256 t[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i)
-        t[i] = 8 * half + i < n ? _mm256_loadu_ps(r + (8 * half + i) * ld_r + p) : _mm256_setzero_ps();
-      transpose8(t);  // t[l]: column p + l of the 8 rows
-#pragma GCC unroll 8
-      for (int l = 0; l < 8; ++l)
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i)
-          acc[half][i] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + p + l), t[l], acc[half][i]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) store_row(acc[0][i], acc[1][i], c + i * ldc, n);
-}
-
-KVFUSE_TARGET_AVX2 inline void gemm_rows(const float* r, std::int64_t ld_r, std::int64_t n, std::int64_t k,
-                                         const float* a, std::int64_t lda, std::int64_t m, float* c, std::int64_t ldc,
-                                         bool accumulate) {
-  std::int64_t i = 0;
-  for (; i + 2 <= m; i += 2) gemm_rows_tile<2>(r, ld_r, n, k, a + i * lda, lda, c + i * ldc, ldc, accumulate);
-  if (i < m) gemm_rows_tile<1>(r, ld_r, n, k, a + i * lda, lda, c + i * ldc, ldc, accumulate);
 }
 
 // 2^x for 8 lanes, x <= 0 or −inf (base-2 scores minus their row maximum): 2^floor(x) from the exponent bits
@@ -386,30 +316,13 @@ inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, s
   portable::pack_transposed(s, ld_s, n, k, panels);
 }
 
-// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels, see the header); with
-// `accumulate`, C += A · B, the sums continuing from C's values.
+// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels, see the header).
 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, const float* panels,
-                        std::int64_t n, float* c, std::int64_t ldc, bool accumulate = false) {
+                        std::int64_t n, float* c, std::int64_t ldc) {
 #if KVFUSE_CPU_DISPATCH_AVX2
-  if (cpu_uses_avx2()) return avx2::gemm_packed(a, lda, m, k, panels, n, c, ldc, accumulate);
+  if (cpu_uses_avx2()) return avx2::gemm_packed(a, lda, m, k, panels, n, c, ldc);
 #endif
-  portable::gemm_packed(a, lda, m, k, panels, n, c, ldc, accumulate);
-}
-
-// C [m][n] (+)= A [m][k] · R^T for the n <= kPanelWidth rows of a row-major R [n][k] (row stride ld_r),
-// k <= kRowsChunk: bit for bit gemm_packed of pack_transposed(R). Up to kFusedRows rows of A, on a CPU with AVX2
-// and k a multiple of 8, the panel is built in registers and never stored (there the packing costs more than the
-// product); otherwise it is packed into a buffer small enough to stay in L1.
-inline constexpr std::int64_t kFusedRows = 4;
-inline void gemm_rows(const float* r, std::int64_t ld_r, std::int64_t n, std::int64_t k, const float* a,
-                      std::int64_t lda, std::int64_t m, float* c, std::int64_t ldc, bool accumulate) {
-#if KVFUSE_CPU_DISPATCH_AVX2
-  if (cpu_uses_avx2() && k % 8 == 0 && m <= kFusedRows)
-    return avx2::gemm_rows(r, ld_r, n, k, a, lda, m, c, ldc, accumulate);
-#endif
-  float panel[kPanelWidth * kRowsChunk];
-  pack_transposed(r, ld_r, n, k, panel);
-  gemm_packed(a, lda, m, k, panel, n, c, ldc, accumulate);
+  portable::gemm_packed(a, lda, m, k, panels, n, c, ldc);
 }
 
 // y[j] = Σ_p W[j][p] x[p] for the n rows of a row-major W [n][k] (row stride ldw).

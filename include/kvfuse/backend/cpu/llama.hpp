@@ -255,12 +255,10 @@ class CpuLlama {
 
   // y = x W^T, split over the rows of W (output features) in whole panels: each task packs its rows of W
   // (dequantized) into panels (detail/cpu_kernels.hpp's layout) and multiplies every row of x by them. Up to
-  // detail::kFusedRows rows of x (decoding) a task dequantizes the rows of one panel detail::kRowsChunk columns
-  // at a time into a buffer of its own that stays in L1 and multiplies them in with detail::gemm_rows (the panel
-  // built in registers), the sums continuing from chunk to chunk; up to detail::kRowBlock rows it packs one
-  // panel at a time into a buffer of its own and uses it while it is in cache; more rows share `panels` (one
-  // buffer per call of run), packed once for every block of rows. Each output is the same chain of multiply-adds
-  // every way (gemm_tile's), so the result of a row does not depend on how many rows are multiplied with it.
+  // detail::kRowBlock rows of x (decoding, small batches) a task packs one panel at a time into a buffer of its
+  // own and uses it while it is in cache; more rows share `panels` (one buffer per call of run), packed once
+  // for every block of rows. Each output is the same chain of multiply-adds either way (gemm_tile's), so the
+  // result of a row does not depend on how many rows are multiplied with it.
   void project(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y, std::vector<float>& panels) const;
 
   // Rows to dequantize at once: a panel (pack_weight_rows), a tile of the output head (matvec_rows).

@@ -217,29 +217,12 @@ KVFUSE_CPU_INLINE void CpuLlama::project(const RowMatrix& x, const WeightMatrix&
       detail::gemm_packed(x.data(), k, m, k, mine, c1 - c0, y.data() + c0, out);
       return;
     }
-    if (m > detail::kFusedRows) {
-      thread_local std::vector<float> panel;
-      panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
-      for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
-        const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
-        pack_weight_rows(w, c, c + n, panel.data());
-        detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
-      }
-      return;
-    }
-    thread_local std::vector<float> rows;
-    rows.resize(static_cast<std::size_t>(detail::kPanelWidth * detail::kRowsChunk));
+    thread_local std::vector<float> panel;
+    panel.resize(static_cast<std::size_t>(detail::kPanelWidth * k));
     for (std::int64_t c = c0; c < c1; c += detail::kPanelWidth) {
       const std::int64_t n = std::min(detail::kPanelWidth, c1 - c);
-      for (std::int64_t p = 0; p < k; p += detail::kRowsChunk) {
-        const std::int64_t kc = std::min(detail::kRowsChunk, k - p);
-        if (w.is_f32()) {
-          detail::gemm_rows(w.values().data() + c * k + p, k, n, kc, x.data() + p, k, m, y.data() + c, out, p > 0);
-          continue;
-        }
-        w.dequantize_columns(c, n, p, kc, rows.data());
-        detail::gemm_rows(rows.data(), kc, n, kc, x.data() + p, k, m, y.data() + c, out, p > 0);
-      }
+      pack_weight_rows(w, c, c + n, panel.data());
+      detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
     }
   });
 }

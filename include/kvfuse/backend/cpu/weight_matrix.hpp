@@ -99,19 +99,6 @@ class WeightMatrix {
     detail::dequantize_blocks_cpu(type_, blocks_.data() + first * row_bytes_, n * cols_ / traits.block_size, out);
   }
 
-  // Columns [c0, c0 + kc) of rows [first, first + n) as fp32, row i at out + i * kc; c0 and kc whole blocks.
-  void dequantize_columns(std::int64_t first, std::int64_t n, std::int64_t c0, std::int64_t kc, float* out) const {
-    if (is_f32()) {
-      for (std::int64_t i = 0; i < n; ++i)
-        std::memcpy(out + i * kc, values_.data() + (first + i) * cols_ + c0, static_cast<std::size_t>(kc) * sizeof(float));
-      return;
-    }
-    const GGMLTypeTraits traits = ggml_type_traits(type_);
-    for (std::int64_t i = 0; i < n; ++i)
-      detail::dequantize_blocks_cpu(type_, row_blocks(first + i) + c0 / traits.block_size * traits.type_size,
-                                    kc / traits.block_size, out + i * kc);
-  }
-
   // Elements [first, first + count) in row-major order as fp32.
   [[nodiscard]] std::vector<float> elements(std::int64_t first, std::int64_t count) const {
     std::vector<float> out(static_cast<std::size_t>(count));
