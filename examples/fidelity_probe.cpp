@@ -1,6 +1,7 @@
 // kvfuse-fidelity-probe: why recomputing a subset of tokens can be worse than recomputing none (docs/fidelity.md).
-// On fixed MuSiQue prompts it builds the naive-reuse KV by hand (each chunk prefilled alone at position 0, K
-// RoPE-shifted to its prompt position) and runs CpuLlama::partial_prefill with selection rules the fusion
+// On fixed MuSiQue prompts it builds the naive-reuse KV by hand (each chunk prefilled alone at position 0, or with
+// --chunk-context system behind the system segment as kvfuse-server stores them, K RoPE-shifted to its prompt
+// position) and runs CpuLlama::partial_prefill with selection rules the fusion
 // methods do not offer, so that each candidate cause can be switched on and off alone:
 //
 //   full          every row on every layer over the merged KV: must equal full prefill exactly (bug check)
@@ -22,6 +23,7 @@
 //   kvfuse-fidelity-probe --data musique_dev.json [--model smollm2|gemma3|qwen2|GGUF] [--start 0] [--limit 2]
 //                         [--max-passages 5] [--max-passage-tokens 0] [--answer-tokens 32]
 //                         [--methods naive,hkvd@0.15,...] [--check-layers 1,2,3] [--threads 0]
+//                         [--chunk-context none|system]
 // --check-layers sets the hkvd / random check layers; the margins are 0.05 per later check (0.10, 0.05, 0 for three).
 
 #include <algorithm>
@@ -89,10 +91,15 @@ kvfuse::TokenSet with_query(kvfuse::TokenSet rows, const kvfuse::PromptLayout& l
 int main(int argc, char** argv) try {
   std::string data, model_name = "smollm2", methods = "full,naive,hkvd@0.15,hkvd+1@0.15,random@0.15,starts@1";
   std::vector<int> check_layers{1, 2, 3};
+  bool conditioned = false;  // --chunk-context system
   std::int64_t start = 0, limit = 2, max_passages = 5, max_passage_tokens = 0, answer_tokens = 32, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i], v = argv[i + 1];
     if (flag == "--data") data = v;
+    else if (flag == "--chunk-context") {
+      kvfuse::require(v == "system" || v == "none", "--chunk-context: '{}' is neither system nor none", v);
+      conditioned = v == "system";
+    }
     else if (flag == "--model") model_name = v;
     else if (flag == "--methods") methods = v;
     else if (flag == "--start") start = kvfuse_example::parse_int(flag, v);
@@ -122,6 +129,7 @@ int main(int argc, char** argv) try {
   out["model"] = std::filesystem::path(path).filename().string();
   out["passages"] = max_passages;
   out["max_passage_tokens"] = max_passage_tokens;
+  out["chunk_context"] = conditioned ? "system" : "none";
   std::map<std::string, std::vector<double>> kl_sum;  // per method: [answer KL, first KL, recomputed]
   for (const kvfuse_example::Question& q : kvfuse_example::load_questions(data, start, limit, max_passages)) {
     std::vector<std::string> passages;
@@ -151,7 +159,17 @@ int main(int argc, char** argv) try {
     // The naive merge: every chunk alone at position 0, K rotated to its prompt position; the query rows are
     // placeholders (every method computes them).
     kvfuse::LlamaKVCache merged;
+    const kvfuse::TokenRange c0 = layout.chunks.front().range;
     for (const kvfuse::PromptChunk& c : layout.chunks) {
+      if (conditioned && c.range.begin > 0) {  // behind the system segment, its rows kept, shifted from c0.end
+        std::vector<kvfuse::token_id> both(tokens.begin(), tokens.begin() + c0.end);
+        both.insert(both.end(), tokens.begin() + c.range.begin, tokens.begin() + c.range.end);
+        kvfuse::LlamaKVCache all = model.prefill_chunk(both, 0);
+        kvfuse::LlamaKVCache chunk = all.slice({c0.end, all.num_rows()});
+        model.rope_shift(chunk, {0, chunk.num_rows()}, c.range.begin - c0.end);
+        merged.append(chunk);
+        continue;
+      }
       kvfuse::LlamaKVCache chunk = model.prefill_chunk(tokens.subspan(static_cast<std::size_t>(c.range.begin),
                                                                       static_cast<std::size_t>(c.range.size())),
                                                        0);

@@ -21,13 +21,16 @@
 #   KVFUSE_MODEL (default: scripts/fetch_model.sh smollm2), KVFUSE_DATA, THREADS (2), RUNS (3), REQUESTS (64),
 #   CONCURRENCY (8), PASSAGES (5), POOL (40), MAX_TOKENS (32), PASSAGE_WORDS (100: each passage's first 100 words,
 #   about 130 tokens; 0 keeps them whole, about 600), METHOD (cacheblend), LLAMACPP_METHOD (attnlink), CTX_PER_SLOT
-#   (2048: llama-server's context per slot and kvfuse-server --engine llamacpp's --region-cells), OUT (build/bench-server)
+#   (2048: llama-server's context per slot and kvfuse-server --engine llamacpp's --region-cells), CHUNK_CONTEXT
+#   (system: kvfuse-server --engine cpu's --chunk-context; none computes chunk caches alone), LLAMA_ARMS (1; 0 skips
+#   the two llama-server arms and the ratios to them), OUT (build/bench-server)
 # Writes OUT/run-N/<arm>.json (the load generator's output) and OUT/summary.json (medians over the runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 threads=${THREADS:-2}
+chunk_context=${CHUNK_CONTEXT:-system}
 runs=${RUNS:-3}
 concurrency=${CONCURRENCY:-8}
 ctx_per_slot=${CTX_PER_SLOT:-2048}
@@ -92,10 +95,10 @@ for run in $(seq 1 "$runs"); do
   dir=$out/run-$run
   mkdir -p "$dir"
   echo "bench_server.sh: run $run of $runs" >&2
-  start_kvfuse "$dir/kvfuse-full.log"
+  start_kvfuse "$dir/kvfuse-full.log" --chunk-context "$chunk_context"
   load "$port" kvfuse-full --method full >"$dir/kvfuse-full.json"
   stop_server
-  start_kvfuse "$dir/kvfuse.log"
+  start_kvfuse "$dir/kvfuse.log" --chunk-context "$chunk_context"
   load "$port" kvfuse --method "${METHOD:-cacheblend}" --compare "$dir/kvfuse-full.json" >"$dir/kvfuse.json"
   stop_server
   if [[ ${LLAMACPP_ARMS:-0} == 1 ]]; then
@@ -107,6 +110,7 @@ for run in $(seq 1 "$runs"); do
       >"$dir/kvfuse-llamacpp.json"
     stop_server
   fi
+  [[ ${LLAMA_ARMS:-1} == 1 ]] || continue
   start_llama "$dir/llama-full.log"
   load "$port" llama-full --newline-parts --no-cache-prompt >"$dir/llama-full.json"
   stop_server
@@ -115,14 +119,14 @@ for run in $(seq 1 "$runs"); do
   stop_server
 done
 
-"$venv/bin/python3" - "$out" "$runs" "$model" "$threads" <<'PY'
+"$venv/bin/python3" - "$out" "$runs" "$model" "$threads" "$chunk_context" <<'PY'
 import json, os, statistics, sys
-out, runs, model, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+out, runs, model, threads, chunk_context = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 arms = ("kvfuse-full", "kvfuse", "kvfuse-llamacpp-full", "kvfuse-llamacpp", "llama-full", "llama-reuse")
 arms = tuple(a for a in arms if os.path.exists(f"{out}/run-1/{a}.json"))
 rs = [{a: json.load(open(f"{out}/run-{i}/{a}.json")) for a in arms} for i in range(1, runs + 1)]
 med = lambda f: statistics.median(f(r) for r in rs)
-summary = {"runs": runs, "model": model, "threads": threads,
+summary = {"runs": runs, "model": model, "threads": threads, "chunk_context": chunk_context,
            "requests": rs[0]["kvfuse"]["requests"], "concurrency": rs[0]["kvfuse"]["concurrency"],
            "passages": rs[0]["kvfuse"]["passages"], "pool": rs[0]["kvfuse"]["pool"],
            "passage_words": rs[0]["kvfuse"]["passage_words"],
@@ -135,9 +139,14 @@ for a in arms:
         summary[a]["exact_match"] = med(lambda r: r[a]["agreement"]["exact_match"])
         summary[a]["rouge_l"] = med(lambda r: r[a]["agreement"]["rouge_l"])
 # Ratios within each run (the same machine state), then their median.
-summary["ttft_p50_kvfuse_over_llama"] = med(lambda r: r["kvfuse"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
-summary["throughput_kvfuse_over_llama"] = med(lambda r: r["kvfuse"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
-if "kvfuse-llamacpp" in arms:
+if "llama-reuse" in arms:
+    summary["ttft_p50_kvfuse_over_llama"] = med(
+        lambda r: r["kvfuse"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
+    summary["throughput_kvfuse_over_llama"] = med(
+        lambda r: r["kvfuse"]["output_tok_s"] / r["llama-reuse"]["output_tok_s"])
+summary["ttft_p50_kvfuse_over_kvfuse_full"] = med(
+    lambda r: r["kvfuse"]["ttft_ms"]["p50"] / r["kvfuse-full"]["ttft_ms"]["p50"])
+if "kvfuse-llamacpp" in arms and "llama-reuse" in arms:
     summary["ttft_p50_kvfuse_llamacpp_over_llama"] = med(
         lambda r: r["kvfuse-llamacpp"]["ttft_ms"]["p50"] / r["llama-reuse"]["ttft_ms"]["p50"])
     summary["throughput_kvfuse_llamacpp_over_llama"] = med(

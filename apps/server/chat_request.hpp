@@ -5,14 +5,16 @@
 // Chunks. Every text part of a message's content array ({"type": "text", "text": ...}) is a chunk whose KV is
 // stored once and reused at any position (CacheBlend's chunk cache): it is tokenized on its own, as the text
 // followed by "\n" (the parts of a message are joined by newlines), so its tokens never depend on its neighbours.
-// The system prompt is a chunk too. The last part of the last message, and everything after it (the end of the
+// The system turn (BOS, the system prompt) is the chunk context (PromptLayout::chunk_context): always computed, and
+// every chunk cache is computed behind it, so that a part's first tokens are not attention sinks (with
+// --chunk-context none it is a chunk like the parts, and chunk caches are computed alone). The last part of the last message, and everything after it (the end of the
 // turn, the generation prompt), is the query. A message whose content is a plain string reuses nothing: its tokens
 // are computed (a chunk marked not cached, or the query when it is the last message). The template's glue between
 // the parts (role headers, end-of-turn tokens) is computed as well.
 //
 // With a ChatML template (SmolLM2), as Tokenizer::format_chat renders it, the template's default system prompt
 // injected when the conversation has none:
-//   [bos] <|im_start|>system\n{system}<|im_end|>\n                       chunk (the system prompt)
+//   [bos] <|im_start|>system\n{system}<|im_end|>\n                       the chunk context (computed)
 //   <|im_start|>{role}\n                                                  computed
 //   {part}\n                                                              a chunk per part
 //   <|im_end|>\n                                                          computed (a message before the last)
@@ -240,6 +242,11 @@ class LayoutBuilder {
     }
     append(t);
   }
+  // What came so far is the chunk context (PromptLayout::chunk_context): every chunk cache is computed behind it.
+  void end_context() {
+    close_glue();
+    p_.layout.chunk_context = size();
+  }
   ChatPrompt finish() && {
     if (!in_query_) query({});
     p_.layout.query = {query_begin_, size()};
@@ -266,7 +273,9 @@ class LayoutBuilder {
 // plain text.
 class PromptFormat {
  public:
-  explicit PromptFormat(const kvfuse::Tokenizer& tok) : tok_(&tok) {
+  // conditioned: the chunk caches are computed behind the system turn (PromptLayout::chunk_context), which is glue;
+  // else the system prompt is a chunk.
+  PromptFormat(const kvfuse::Tokenizer& tok, bool conditioned) : tok_(&tok), conditioned_(conditioned) {
     if (tok.chat_template().empty()) return;
     try {
       default_system_ = kvfuse::ChatTemplate(tok.chat_template()).default_system_prompt();
@@ -310,8 +319,10 @@ class PromptFormat {
       } else if (!system.empty()) {
         t = encode(system + "\n");
       }
-      b.chunk(t);
+      if (conditioned_) b.glue(t);
+      else b.chunk(t);
     }
+    if (conditioned_) b.end_context();
     for (std::size_t i = first; i < messages.size(); ++i) {
       const ChatMessage& m = messages[i];
       const bool last = i + 1 == messages.size();
@@ -353,6 +364,7 @@ class PromptFormat {
     to.insert(to.end(), t.begin(), t.end());
   }
   const kvfuse::Tokenizer* tok_;
+  bool conditioned_ = false;
   bool chatml_ = false;
   std::string default_system_;
   kvfuse::token_id im_start_ = kvfuse::kNoToken;

@@ -9,6 +9,7 @@
 //                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]
 //                 [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]
 //                 [--max-running 16|4] [--max-body-bytes 4194304] [--max-tokens-default 256] [--region-cells 2048]
+//                 [--chunk-context system|none]
 //
 // --model: smollm2 (default), gemma3 or qwen2 as scripts/fetch_model.sh fetches them, or a GGUF path.
 // --engine: cpu (default), kvfuse's reference engine; llamacpp (a build with -DKVFUSE_LLAMACPP=ON): llama.cpp's
@@ -28,6 +29,11 @@
 //   same GGUF, measured on the CPU engine), Epic's k = 16 when none is cached. cachecraft, prefix and
 //   cacheblend@auto are refused: the batched connector keeps no Cache-Craft variants, the server stores chunk
 //   caches only (no prefix entries), and CacheBlend's loading controller runs in FusionPipeline only.
+// --chunk-context: system (the cpu engine's default): every chunk cache is computed behind the prompt's system turn
+//   (BOS, the system prompt; PromptLayout::chunk_context), which is always computed, so that a part's first tokens
+//   are not attention sinks; its key holds the system turn's tokens, so it is reused by requests with the same
+//   system prompt. none (llamacpp's only choice): chunk caches computed alone from position 0, the system prompt a
+//   chunk like the parts.
 // --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
 // --queue-limit: requests in the engine at once (queued or running); more are answered 429. --max-running: how many
 //   of them run in one step loop (CpuBatchEngine's max_running, default 16; llama.cpp's regions, default 4).
@@ -100,6 +106,7 @@ struct Options {
   std::int64_t max_tokens_default = 256;
   std::int64_t memory_bytes = std::int64_t{2} << 30;
   std::int64_t region_cells = 2048;
+  std::string chunk_context;  // system | none; empty: the engine's default (cpu system, llamacpp none)
 };
 
 constexpr std::string_view kUsage =
@@ -109,6 +116,7 @@ constexpr std::string_view kUsage =
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
     "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"
     "                     [--max-tokens-default 256] [--memory-bytes 2147483648] [--region-cells 2048]\n"
+    "                     [--chunk-context system (cpu), none (llamacpp)]\n"
     "--method auto: the cheapest setting the calibration gate admitted for the model (kvfuse-rag-eval --calibrated),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
 
@@ -141,6 +149,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-body-bytes") o.max_body_bytes = parse_int(flag, v);
     else if (flag == "--max-tokens-default") o.max_tokens_default = parse_int(flag, v);
     else if (flag == "--memory-bytes") o.memory_bytes = parse_int(flag, v);
+    else if (flag == "--chunk-context") o.chunk_context = v;
     else throw kvfuse::error(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
   }
   kvfuse::require(o.port <= 65535, "--port: {} is not a port", o.port);
@@ -158,6 +167,12 @@ Options parse(int argc, char** argv) {
                   o.engine);
   kvfuse::require(o.region_cells >= 256 && o.region_cells % 256 == 0 && o.region_cells <= (1 << 20),
                   "--region-cells: {} must be a multiple of 256 in [256, 1048576]", o.region_cells);
+  if (o.chunk_context.empty()) o.chunk_context = o.engine == "llamacpp" ? "none" : "system";
+  kvfuse::require(o.chunk_context == "system" || o.chunk_context == "none",
+                  "--chunk-context: '{}' is neither system nor none", o.chunk_context);
+  kvfuse::require(o.engine != "llamacpp" || o.chunk_context == "none",
+                  "--chunk-context system: the llamacpp engine stores chunk caches computed alone only (a llama.cpp "
+                  "sequence state holds every row of its sequence); use --chunk-context none");
   o.model = kvfuse_example::resolve_model(o.model);
   return o;
 }
@@ -436,7 +451,7 @@ class Api {
       : o_(o),
         context_(context_length),
         tok_(tok),
-        format_(tok),
+        format_(tok, o.chunk_context == "system"),
         method_(std::move(method)),
         service_(service),
         stores_(stores),

@@ -118,34 +118,48 @@ TEST_CASE("real model: server prompts reuse a part's tokens at any position; str
   if (!path) return;
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(path->string());
   const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
-  const kvfuse_server::PromptFormat format(tok);
-  REQUIRE(format.chatml());
-
-  const auto build = [&](const std::vector<std::string>& texts) {
-    return format.build(kvfuse_server::parse_chat_request(user_parts(texts)).messages);
-  };
   const std::string a = "Paris is the capital of France.", b = "Rome <|im_end|> is in Italy.", q = "Which city?";
-  const kvfuse_server::ChatPrompt p1 = build({a, b, q}), p2 = build({b, a, q});
   const auto chunk_tokens = [](const kvfuse_server::ChatPrompt& p) {
     std::vector<std::vector<kvfuse::token_id>> out;
     for (const kvfuse::PromptChunk& c : p.layout.chunks)
       if (c.cached) out.emplace_back(p.tokens.begin() + c.range.begin, p.tokens.begin() + c.range.end);
     return out;
   };
-  p1.layout.validate();
-  CHECK(p1.layout.num_tokens() == static_cast<std::int64_t>(p1.tokens.size()));
-  const auto c1 = chunk_tokens(p1), c2 = chunk_tokens(p2);
-  REQUIRE(c1.size() == 3);  // the default system prompt, a, b
-  REQUIRE(c2.size() == 3);
-  CHECK(c1[0] == c2[0]);
-  CHECK(c1[1] == c2[2]);
-  CHECK(c1[2] == c2[1]);
-  CHECK(c1[1] == tok.encode(a + "\n", false));
-  // The text of a part stays text: "<|im_end|>" in it is not the control token.
-  CHECK(std::count(c1[2].begin(), c1[2].end(), tok.find_token("<|im_end|>")) == 0);
-  // The whole prompt is the template's rendering of the joined parts.
-  const std::vector<kvfuse::ChatMessage> chat{{"user", a + "\n" + b + "\n" + q}};
-  CHECK(tok.decode(p1.tokens) == tok.format_chat(chat, true));
+  for (const bool conditioned : {true, false}) {
+    CAPTURE(conditioned);
+    const kvfuse_server::PromptFormat format(tok, conditioned);
+    REQUIRE(format.chatml());
+    const auto build = [&](const std::vector<std::string>& texts) {
+      return format.build(kvfuse_server::parse_chat_request(user_parts(texts)).messages);
+    };
+    const kvfuse_server::ChatPrompt p1 = build({a, b, q}), p2 = build({b, a, q});
+    p1.layout.validate();
+    CHECK(p1.layout.num_tokens() == static_cast<std::int64_t>(p1.tokens.size()));
+    const auto c1 = chunk_tokens(p1), c2 = chunk_tokens(p2);
+    // Conditioned: the system turn is the chunk context, computed; the parts a and b are the chunks. Else the
+    // default system prompt is a chunk too.
+    const std::size_t first = conditioned ? 0 : 1;
+    REQUIRE(c1.size() == first + 2);
+    REQUIRE(c2.size() == first + 2);
+    if (conditioned) {
+      const std::vector<kvfuse::ChatMessage> system_only{{"system", kvfuse::ChatTemplate(tok.chat_template())
+                                                                        .default_system_prompt()}};
+      const auto context = std::vector<kvfuse::token_id>(p1.tokens.begin(), p1.tokens.begin() + p1.layout.chunk_context);
+      CHECK(tok.decode(context) == tok.format_chat(system_only, false));  // [bos] the system turn, nothing after
+      CHECK(p1.layout.chunk_context == p2.layout.chunk_context);
+    } else {
+      CHECK(p1.layout.chunk_context == 0);
+      CHECK(c1[0] == c2[0]);
+    }
+    CHECK(c1[first] == c2[first + 1]);
+    CHECK(c1[first + 1] == c2[first]);
+    CHECK(c1[first] == tok.encode(a + "\n", false));
+    // The text of a part stays text: "<|im_end|>" in it is not the control token.
+    CHECK(std::count(c1[first + 1].begin(), c1[first + 1].end(), tok.find_token("<|im_end|>")) == 0);
+    // The whole prompt is the template's rendering of the joined parts.
+    const std::vector<kvfuse::ChatMessage> chat{{"user", a + "\n" + b + "\n" + q}};
+    CHECK(tok.decode(p1.tokens) == tok.format_chat(chat, true));
+  }
 
   // Token by token, every released piece is whole UTF-8 and the pieces add up to the text.
   const std::string text = "Caf\xC3\xA9 \xE2\x98\x95 na\xC3\xAFve \xF0\x9F\x98\x80 done";

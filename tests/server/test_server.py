@@ -212,11 +212,26 @@ class ServerTest(OneServerTest):
         self.assertGreater(first.usage.prompt_tokens, 40)
         self.assertEqual(first.usage.prompt_tokens, second.usage.prompt_tokens)
         self.assertEqual(u1["method"], "cacheblend")
-        self.assertEqual(u2["chunks"], 4)  # the system prompt and three parts; the question is the query
+        self.assertEqual(u2["chunks"], 3)  # three parts; the system turn is the chunk context, the question the query
         self.assertGreater(u2["loaded_tokens"], u1["loaded_tokens"])
         self.assertGreaterEqual(u2["loaded_tokens"], u2["chunk_tokens"])
         self.assertLess(u2["recomputed_tokens"], second.usage.prompt_tokens)
         self.assertGreater(u2["ttft_ms"], 0)
+
+    def test_parts_are_reused_behind_the_same_system_prompt_only(self):
+        texts = ["The Amazon river discharges more water than the next seven largest rivers combined.",
+                 "Its basin covers about seven million square kilometres."]
+        question = "How large is the Amazon basin?"
+        brief = {"role": "system", "content": "Answer briefly."}
+        word = {"role": "system", "content": "Answer in one word."}
+        first = self.chat([brief] + parts(*texts, question))
+        same = self.chat([brief] + parts(texts[1], texts[0], question))
+        other = self.chat([word] + parts(texts[1], texts[0], question))
+        self.assertEqual(kvfuse_usage(first)["loaded_tokens"], 0)
+        self.assertGreaterEqual(kvfuse_usage(same)["loaded_tokens"], kvfuse_usage(same)["chunk_tokens"])
+        # The chunk caches were computed behind the first system prompt: under another one they are computed anew.
+        self.assertEqual(kvfuse_usage(other)["loaded_tokens"], 0)
+        self.assertEqual(kvfuse_usage(other)["chunks"], 2)
 
     def test_stop_sequences_and_seeded_sampling(self):
         messages = parts(*PASSAGES, "Name the three countries of the first document.")
@@ -499,7 +514,7 @@ class SharedRedisTest(unittest.TestCase):
         self.assertEqual(kvfuse_usage(first)["loaded_tokens"], 0)
         self.assertGreaterEqual(kvfuse_usage(second)["loaded_tokens"], kvfuse_usage(second)["chunk_tokens"])
         metrics = b.get("/metrics")[1]
-        self.assertIn('kvfuse_store_hits_total{tier="redis"} 3', metrics)  # b's memory tier had none of them
+        self.assertIn('kvfuse_store_hits_total{tier="redis"} 2', metrics)  # both parts; b's memory tier had none
         self.assertIn('kvfuse_store_hits_total{tier="memory"} 0', metrics)
 
     def test_server_killed_mid_request_loses_only_that_request(self):

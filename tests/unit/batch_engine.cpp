@@ -380,6 +380,71 @@ TEST_CASE("CpuBatchEngine: chunk caches missing from the store are computed alon
   CHECK(metrics.begin()->second.loaded_tokens == static_cast<std::int64_t>(ps[1].tokens.size()) - ps[1].layout.query.size());
 }
 
+TEST_CASE("CpuBatchEngine and FusionPipeline: chunk caches behind a chunk context are the chunk's rows of a prefill "
+          "of context + chunk, bit for bit, keyed by both; a request reusing them equals FusionPipeline alone") {
+  const CpuLlama model = small_llama();
+  std::vector<Prompt> ps = prompts();
+  for (Prompt& p : ps) {  // kSystem is the context: computed, and every chunk cache is computed behind it
+    p.layout.chunks[0].cached = false;
+    p.layout.chunk_context = p.layout.chunks[0].range.end;
+  }
+  const auto context = std::span<const token_id>(kSystem);
+  const auto conditioned = [&](std::span<const token_id> chunk) {  // the reference: context + chunk, its rows kept
+    std::vector<token_id> both(context.begin(), context.end());
+    both.insert(both.end(), chunk.begin(), chunk.end());
+    return model.prefill_chunk(both, 0).to_block({static_cast<std::int64_t>(context.size()),
+                                                  static_cast<std::int64_t>(both.size())});
+  };
+  ProbeStore store;
+  {
+    CpuBatchEngine<ProbeStore> engine(model, store);
+    (void)serve(engine, {{0, request_of(ps[0], "naive", 2)}});  // cold: computes and stores the chunk caches
+    engine.connector().wait_for_saves();
+  }
+  ProbeStore by_pipeline;
+  {
+    CpuLlamaFusion engine(model);
+    FusionPipeline pipeline(engine, by_pipeline);
+    CHECK(pipeline.store_chunk_caches(ps[0].tokens, ps[0].layout) == 3);  // not the context
+  }
+  for (const auto& chunk : {kA, kB, kC}) {
+    const KVKey key = chunk_cache_key(model.fingerprint(), chunk, context);
+    CHECK(key != chunk_cache_key(model.fingerprint(), chunk));  // never a cache computed alone
+    const std::optional<KVBlock> stored = store.inner().get(key), piped = by_pipeline.inner().get(key);
+    REQUIRE(stored.has_value());
+    REQUIRE(piped.has_value());
+    const KVBlock expected = conditioned(chunk);
+    CHECK(stored->first_position == static_cast<std::int64_t>(context.size()));
+    CHECK(stored->bytes == expected.bytes);
+    CHECK(piped->first_position == stored->first_position);
+    CHECK(piped->bytes == expected.bytes);
+  }
+  // The plan loads them at the context's end, shifted to their places; the context's rows are computed.
+  CpuBatchEngine<ProbeStore> engine(model, store);
+  const FusionPlan plan = engine.connector().plan(1, ps[1].tokens, ps[1].layout, parse_method("naive"));
+  CHECK(plan.chunks[0].source == KVSource::compute);
+  for (std::size_t j = 1; j < plan.chunks.size(); ++j) {
+    CHECK(plan.chunks[j].source == KVSource::isolated);
+    CHECK(plan.chunks[j].stored_first_position == static_cast<std::int64_t>(context.size()));
+  }
+  for (const std::string method : {"naive", "cacheblend", "attnlink@2"}) {
+    CAPTURE(method);
+    std::map<std::uint64_t, RequestMetrics> metrics;
+    const auto got = serve(engine, {{0, request_of(ps[1], method, 3)}, {0, request_of(ps[2], method, 3)}}, &metrics);
+    CHECK(got.begin()->second == alone_by_pipeline(model, store, ps[1], method, 3));
+    CHECK(std::next(got.begin())->second == alone_by_pipeline(model, store, ps[2], method, 3));
+    CHECK(metrics.begin()->second.loaded_tokens == static_cast<std::int64_t>(kC.size() + kA.size()));
+  }
+  // A cached chunk inside the context, or a context that ends inside a chunk, is refused by name.
+  Prompt bad = ps[0];
+  bad.layout.chunks[0].cached = true;
+  CHECK_THROWS_WITH_AS(bad.layout.validate(), doctest::Contains("lies in the chunk context"), kvfuse::error);
+  bad = ps[0];
+  bad.layout.chunk_context = 3;
+  CHECK_THROWS_WITH_AS(bad.layout.validate(), doctest::Contains("chunk_context = 3 is not 0 or the end of a chunk"),
+                       kvfuse::error);
+}
+
 TEST_CASE("CpuBatchEngine: queued chunk caches are computed one a step while other prefills take the whole budget") {
   const CpuLlama model = small_llama();
   ProbeStore store;

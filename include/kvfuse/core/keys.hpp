@@ -2,7 +2,9 @@
 // The one key scheme of every store entry kvfuse reads or writes. Every key carries the model fingerprint (KVKey::
 // model: KV never crosses models); its content is a hash of token ids (hash_tokens, core/types.hpp), separated by
 // domain so that entries of different kinds never collide:
-//   chunk_cache_key      isolated = H(chunk): a chunk's KV computed alone at position 0 (CacheBlend, Epic)
+//   chunk_cache_key      isolated = H(chunk): a chunk's KV computed alone at position 0 (CacheBlend, Epic);
+//                        conditioned = H(chunk) seeded with H(context): computed behind a shared context
+//                        (PromptLayout::chunk_context)
 //   chained_prefix_key   prefix = H(chunk_0, ..., chunk_j) chained: chunk j's KV behind exactly the chunks before
 //                        it (a prefix-cache entry on a layout's chunk boundaries)
 //   variant_key          variant = H(chunk, ids of its stored prefix): a Cache-Craft chunk-cache variant (§3.3)
@@ -29,7 +31,7 @@ namespace detail {
   return x ^ (x >> 31);
 }
 
-enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3 };
+enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3, conditioned = 4 };
 
 [[nodiscard]] constexpr std::uint64_t domain_key(std::uint64_t h, KeyDomain d) noexcept {
   return mix64(h ^ (static_cast<std::uint64_t>(d) << 56));
@@ -40,8 +42,11 @@ enum class KeyDomain : std::uint64_t { isolated = 1, prefix = 2, variant = 3 };
 // Content id of a chunk (Cache-Craft's chunk hash, VariantCache's key).
 [[nodiscard]] inline std::uint64_t chunk_content_id(std::span<const token_id> chunk) { return hash_tokens(chunk); }
 
-[[nodiscard]] inline KVKey chunk_cache_key(std::uint64_t model, std::span<const token_id> chunk) {
-  return {model, detail::domain_key(hash_tokens(chunk), detail::KeyDomain::isolated)};
+// `context`: the shared context the chunk's KV was computed behind (PromptLayout::chunk_context); empty: alone.
+[[nodiscard]] inline KVKey chunk_cache_key(std::uint64_t model, std::span<const token_id> chunk,
+                                           std::span<const token_id> context = {}) {
+  if (context.empty()) return {model, detail::domain_key(hash_tokens(chunk), detail::KeyDomain::isolated)};
+  return {model, detail::domain_key(hash_tokens(chunk, hash_tokens(context)), detail::KeyDomain::conditioned)};
 }
 
 // `chained`: hash_tokens of chunk j seeded with the chained hash of chunks 0 .. j − 1 (kHashSeed for chunk 0).

@@ -45,24 +45,41 @@ struct PromptChunk {
 };
 
 // prompt = chunks[0] ++ chunks[1] ++ ... ++ query, contiguous from position 0. Chunks may be empty.
+//
+// chunk_context: rows [0, chunk_context) are the prompt's shared context (BOS, the system prompt, template glue),
+// always computed, and every chunk cache of the prompt is computed behind it: the chunk's KV as it is after exactly
+// these rows (at positions chunk_context, chunk_context + 1, ...), stored under a key of the context and the chunk.
+// A chunk computed alone from position 0 turns its first tokens into attention sinks (Epic §4.2) that a reuse must
+// then recompute; behind the context every chunk shares the one real sink (APE's shared prefix). 0: chunk caches
+// computed alone from position 0 (CacheBlend §3, Epic). It must end on a chunk boundary, and no chunk inside it may
+// be cached.
 struct PromptLayout {
   std::vector<PromptChunk> chunks;
   TokenRange query;
+  std::int64_t chunk_context = 0;
 
   [[nodiscard]] std::int64_t num_tokens() const noexcept { return query.end; }
 
   void validate() const {
     std::int64_t next = 0;
+    bool context_boundary = chunk_context == 0;
     for (std::size_t i = 0; i < chunks.size(); ++i) {
       const TokenRange r = chunks[i].range;
       detail::require(r.begin == next && r.end >= r.begin,
                       "PromptLayout: chunk {} is [{}, {}) but must start at {} and not be reversed", i, r.begin,
                       r.end, next);
+      detail::require(!(chunks[i].cached && !r.empty() && r.end <= chunk_context),
+                      "PromptLayout: chunk {} [{}, {}) is cached but lies in the chunk context [0, {}), which is "
+                      "always computed",
+                      i, r.begin, r.end, chunk_context);
+      context_boundary = context_boundary || r.end == chunk_context;
       next = r.end;
     }
     detail::require(query.begin == next && query.end >= query.begin,
                     "PromptLayout: query is [{}, {}) but must start at {} (end of the last chunk)", query.begin,
                     query.end, next);
+    detail::require(chunk_context >= 0 && context_boundary,
+                    "PromptLayout: chunk_context = {} is not 0 or the end of a chunk", chunk_context);
   }
 
   // Layout from chunk lengths followed by a query of `query_len` tokens; all chunks cached.

@@ -15,7 +15,8 @@
 //
 // An entry is checked before it is used: present, its token count, the position its K was rotated at and its bytes
 // as planned (entry_fits). One that is not, or whose layer read fails or times out mid-prefill, is rejected by the
-// recover rules: an isolated chunk cache is recomputed (chunk_kv), put back and installed whole; a prefix or
+// recover rules: an isolated chunk cache is recomputed (chunk_kv), put back and installed whole (one computed behind
+// a chunk context is computed in context instead); a prefix or
 // variant chunk is computed instead, and so is every prefix chunk after a broken one (a prefix entry is exact only
 // behind the entries before it). A failed layer read stops the prefill (the hook throws); it runs again without it.
 
@@ -278,7 +279,9 @@ class EntryLoader {
   std::optional<KVBlock> reject(ChunkPlan& c, std::span<const token_id> tokens, FusionResult& out,
                                 bool& prefix_broken) {
     ++out.rejected_entries;
-    if (c.source == KVSource::isolated) {
+    // A cache computed behind a chunk context cannot be recomputed alone mid-request (the engine holds this
+    // request's rows): the chunk is computed in context instead.
+    if (c.source == KVSource::isolated && out.plan.layout.chunk_context == 0) {
       const auto t0 = std::chrono::steady_clock::now();
       KVBlock block = backend_->chunk_kv(slice(tokens, c.range), 0);
       c.stored_first_position = 0;

@@ -106,23 +106,37 @@ class FusionPipeline {
   // The variants as a plan chooses from them (planner.hpp): for an engine that plans its own requests.
   [[nodiscard]] VariantIndex variant_index() const { return variants_.index(); }
 
-  [[nodiscard]] KVKey isolated_key(std::span<const token_id> chunk) const { return chunk_cache_key(shape_.model, chunk); }
+  [[nodiscard]] KVKey isolated_key(std::span<const token_id> chunk, std::span<const token_id> context = {}) const {
+    return chunk_cache_key(shape_.model, chunk, context);
+  }
 
   // The engine as a plan sees it (planner.hpp).
   [[nodiscard]] EngineShape shape() const { return shape_; }
 
-  // Offline: the isolated cache of every chunk of the layout (computed at position 0) that the store does not
-  // hold yet. Returns the number computed.
+  // Offline: the isolated cache of every chunk of the layout that the store does not hold yet, computed at
+  // position 0, or behind the layout's chunk_context when it has one (the chunks after it: the engine prefills
+  // the context and the chunk, and keeps the chunk's rows). Returns the number computed.
   std::int64_t store_chunk_caches(std::span<const token_id> tokens, const PromptLayout& layout) {
     check_prompt(tokens, layout, "FusionPipeline::store_chunk_caches");
     std::lock_guard lock(mutex_);
+    const auto context = slice(tokens, {0, layout.chunk_context});
     std::int64_t computed = 0;
     for (const PromptChunk& c : layout.chunks) {
-      if (c.range.empty()) continue;
+      if (c.range.empty() || c.range.end <= layout.chunk_context) continue;
       const auto chunk = slice(tokens, c.range);
-      const KVKey key = isolated_key(chunk);
+      const KVKey key = isolated_key(chunk, context);
       if (store_->get(key).has_value()) continue;  // a get, not contains: validates it, warms a tiered store
-      loader_.put(key, backend_->chunk_kv(chunk, 0));
+      if (context.empty()) {
+        loader_.put(key, backend_->chunk_kv(chunk, 0));
+      } else {
+        std::vector<token_id> both(context.begin(), context.end());
+        both.insert(both.end(), chunk.begin(), chunk.end());
+        backend_->begin(both);
+        TokenSet rows;
+        append_range(rows, {0, static_cast<std::int64_t>(both.size())});
+        (void)backend_->prefill(rows);
+        loader_.put(key, backend_->save_rows({layout.chunk_context, static_cast<std::int64_t>(both.size())}));
+      }
       ++computed;
     }
     return computed;

@@ -5,7 +5,8 @@
 // never counts a variant use, never waits for a running request (vLLM's connector asks the same of
 // get_num_new_matched_tokens). The store is asked once per plan for every key (KVStore::contains_many).
 //
-//   chunk source    isolated chunk cache (CacheBlend, Epic, QueryAware, naive reuse), prefix entry (prefix
+//   chunk source    isolated chunk cache (CacheBlend, Epic, QueryAware, naive reuse; computed behind the layout's
+//                   chunk_context when it has one), prefix entry (prefix
 //                   caching: the longest run of leading chunks stored behind exactly the chunks before them),
 //                   Cache-Craft variant (the best one by eq. 12's CFO), or compute (nothing usable stored)
 //   S_0, per_layer, statistics    from layer_schedule (the one place methods are dispatched); a fixed S_0's runs
@@ -129,6 +130,7 @@ template <KVStore Store>
   // Which chunks look a key up, and the keys, asked of the store at once.
   std::vector<std::size_t> asks;
   std::vector<KVKey> keys;
+  const auto context = slice(tokens, {0, layout.chunk_context});  // chunk caches computed behind it
   std::uint64_t chained = kHashSeed;
   for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
     const PromptChunk& pc = layout.chunks[j];
@@ -136,7 +138,7 @@ template <KVStore Store>
     chained = hash_tokens(chunk, chained);
     if (!pc.cached || pc.range.empty() || !(prefix || isolated)) continue;
     asks.push_back(j);
-    keys.push_back(prefix ? chained_prefix_key(shape.model, chained) : chunk_cache_key(shape.model, chunk));
+    keys.push_back(prefix ? chained_prefix_key(shape.model, chained) : chunk_cache_key(shape.model, chunk, context));
   }
   const std::vector<bool> held = keys.empty() ? std::vector<bool>{} : store.contains_many(std::span<const KVKey>(keys));
   detail::require(held.size() == keys.size(), "plan_fusion: the store answered {} of {} lookups", held.size(),
@@ -155,7 +157,7 @@ template <KVStore Store>
     } else if (held[a]) {
       c.source = KVSource::isolated;
       c.key = keys[a];
-      c.stored_first_position = 0;
+      c.stored_first_position = layout.chunk_context;
     }
   }
   if (craft != nullptr && variants.cache != nullptr) {

@@ -14,8 +14,9 @@
 // each computing from the front up to where its loads are (Cake §4, appendix B; with BatchEngineConfig::cake_speeds
 // at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a Cake request's two sides
 // met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
-// without a stored chunk cache are computed in context for the request; alone at position 0 (CacheBlend's chunk
-// cache, saved asynchronously for later requests) they are queued and computed last, with the budget a step leaves,
+// without a stored chunk cache are computed in context for the request; their chunk caches (CacheBlend's: alone at
+// position 0; behind the layout's chunk_context when it has one, the context's rows computed with the chunk's and
+// not stored), saved asynchronously for later requests, are queued and computed last, with the budget a step leaves,
 // so that they do not lengthen the prefill of the request that needs them; one a step once it has waited a step, so
 // that a server whose budget is always taken still stores them. The step whose prefill computes a prompt's last row
 // samples the first token; each later step one more. Requests arrive (submit) and leave
@@ -218,6 +219,7 @@ class CpuBatchEngine {
     std::vector<std::vector<token_id>> chunk_tokens;  // chunk caches computed in this step
     std::vector<std::unique_ptr<LlamaKVCache>> chunk_kv;
     std::vector<KVKey> chunk_keys;
+    std::vector<std::int64_t> chunk_contexts;  // of each: its leading context rows, computed but not stored
     bool prefill_in_step = false;
     for (const BudgetAllocation& a : plan.allocations) {
       Running& r = *running_.at(a.id);
@@ -260,15 +262,20 @@ class CpuBatchEngine {
       }
       if (a.tokens < r.prefill_cost() && prefill_in_step) continue;  // runs whole, in a later step
       prefill_in_step = true;
-      for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {  // reused chunks the store lacks: their caches, alone
+      // Reused chunks the store lacks: their caches, alone (or behind the layout's chunk context).
+      const std::int64_t context_rows = r.request.layout.chunk_context;
+      const auto context = slice(r.request.tokens, {0, context_rows});
+      for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {
         const ChunkPlan& c = r.plan.chunks[j];
         if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || c.range.empty()) continue;
         const auto tokens = slice(r.request.tokens, c.range);
-        KVKey key = chunk_cache_key(model_->fingerprint(), tokens);
+        KVKey key = chunk_cache_key(model_->fingerprint(), tokens, context);
         if (saving_.count(key.content) != 0 ||
             std::any_of(chunk_queue_.begin(), chunk_queue_.end(), [&](const QueuedChunk& q) { return q.key == key; }))
           continue;
-        chunk_queue_.push_back({std::move(key), std::vector<token_id>(tokens.begin(), tokens.end()), false});
+        std::vector<token_id> computed(context.begin(), context.end());
+        computed.insert(computed.end(), tokens.begin(), tokens.end());
+        chunk_queue_.push_back({std::move(key), std::move(computed), context_rows, false});
       }
       BatchItem item;
       item.kv = &r.fusion.kv();
@@ -294,6 +301,7 @@ class CpuBatchEngine {
       left -= size;
       chunk_keys.push_back(std::move(chunk_queue_.front().key));
       chunk_tokens.push_back(std::move(chunk_queue_.front().tokens));
+      chunk_contexts.push_back(chunk_queue_.front().context);
       chunk_queue_.pop_front();
       chunk_kv.push_back(std::make_unique<LlamaKVCache>(model_->config().n_layer, model_->config().kv_dim(), size));
     }
@@ -320,7 +328,7 @@ class CpuBatchEngine {
     }
     for (std::size_t c = 0; c < chunk_kv.size(); ++c) {  // asynchronous puts of the new chunk caches
       saving_.insert(chunk_keys[c].content);
-      KVBlock block = chunk_kv[c]->to_block({0, chunk_kv[c]->num_rows()});
+      KVBlock block = chunk_kv[c]->to_block({chunk_contexts[c], chunk_kv[c]->num_rows()});
       connector_.save(chunk_keys[c], std::move(block));
     }
     for (const SaveResult& s : connector_.finished_saves()) saving_.erase(s.key.content);
@@ -576,10 +584,11 @@ class CpuBatchEngine {
   std::vector<std::uint64_t> arrival_;  // running requests in arrival order
   struct QueuedChunk {
     KVKey key;
-    std::vector<token_id> tokens;
-    bool waited = false;  // queued in an earlier step
+    std::vector<token_id> tokens;  // the chunk's, after its context's
+    std::int64_t context = 0;      // PromptLayout::chunk_context: the leading rows of tokens that are not stored
+    bool waited = false;           // queued in an earlier step
   };
-  std::deque<QueuedChunk> chunk_queue_;  // chunk caches the store lacks, to compute alone (step: last in the budget)
+  std::deque<QueuedChunk> chunk_queue_;  // chunk caches the store lacks, to compute (step: last in the budget)
   std::set<std::uint64_t> saving_;      // chunk caches being saved (key contents)
   std::vector<BatchItem> items_;        // the step's batch
   std::vector<Role> roles_;             // what each item is

@@ -130,6 +130,10 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   // Queues a request; its id. Throws kvfuse::error naming a bad field.
   std::uint64_t submit(BatchRequest request) {
     check_prompt(request.tokens, request.layout, "LlamaCppBatchEngine::submit");
+    kvfuse::detail::require(request.layout.chunk_context == 0,
+                            "LlamaCppBatchEngine::submit: chunk_context = {}: chunk caches computed behind a context "
+                            "are not supported (a llama.cpp sequence state holds every row of its sequence); use 0",
+                            request.layout.chunk_context);
     for (std::size_t i = 0; i < request.tokens.size(); ++i)
       kvfuse::detail::require(request.tokens[i] >= 0 && request.tokens[i] < n_vocab_,
                               "LlamaCppBatchEngine::submit: token {} at index {} is outside the vocabulary [0, {})",
