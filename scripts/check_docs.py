@@ -401,6 +401,21 @@ def check_server(root):
         page.compare(anchor, f"server.md, cold requests ({run})", expected)
 
 
+def check_fidelity_chunk_context(root):
+    """docs/fidelity.md, 2026-11-28: per probe and chunk caches, the teacher-forced KL per question, its mean and the
+    first token's KL, from the probe outputs in results/fidelity-2026-11-28/ (as its table.py prints them)."""
+    page = Page(root, "docs/fidelity.md")
+    d = root / "docs/results/fidelity-2026-11-28"
+    for label, stem in (("6 × 130", "six-130"), ("README", "readme-shape")):
+        expected = {}
+        for name, cc in (("alone", "none"), ("behind system", "system")):
+            run = load_json(d / f"{stem}-{cc}.json")
+            for m, mean in run["means"].items():
+                expected[f"{m}, {name}"] = ([f"{q['methods'][m]['kl_answer_mean']:.4f}" for q in run["per_question"]] +
+                                            [f"{mean['kl_answer_mean']:.4f}", f"{mean['kl_first_token']:.4f}"])
+        page.compare(f"| {label}: probe, chunk caches |", f"fidelity.md, chunk context ({label})", expected)
+
+
 def check_llamacpp_callback(root):
     """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
     question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
@@ -517,6 +532,7 @@ def main():
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
+              lambda: check_fidelity_chunk_context(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
