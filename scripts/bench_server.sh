@@ -41,12 +41,14 @@ data=${KVFUSE_DATA:-$root/../shared/data/musique_dev.json}
 [[ -f build/ci/CMakeCache.txt ]] || cmake --preset ci >/dev/null
 cmake --build build/ci --target kvfuse-server >/dev/null
 kvfuse_server=build/ci/apps/server/kvfuse-server
-src=$(bash scripts/fetch_llamacpp.sh)
-noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-[[ -f build/llama-server/CMakeCache.txt ]] || cmake -S "$src" -B build/llama-server -DCMAKE_BUILD_TYPE=Release \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" >/dev/null
-cmake --build build/llama-server --target llama-server -j"$(nproc)" >/dev/null
+if [[ ${LLAMA_ARMS:-1} == 1 ]]; then
+  src=$(bash scripts/fetch_llamacpp.sh)
+  noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  [[ -f build/llama-server/CMakeCache.txt ]] || cmake -S "$src" -B build/llama-server -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" >/dev/null
+  cmake --build build/llama-server --target llama-server -j"$(nproc)" >/dev/null
+fi
 llama_server=build/llama-server/bin/llama-server
 venv=build/bench-venv
 [[ -x $venv/bin/python3 ]] || python3 -m venv "$venv"

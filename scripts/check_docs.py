@@ -416,6 +416,26 @@ def check_fidelity_chunk_context(root):
         page.compare(f"| {label}: probe, chunk caches |", f"fidelity.md, chunk context ({label})", expected)
 
 
+def check_server_chunk_context(root):
+    """docs/server.md, "Chunk caches behind the system turn": per cell of results/server-2026-11-28/, the arms'
+    figures from summary.json and the warm requests' exact matches from the two arms' answers."""
+    page = Page(root, "docs/server.md")
+    d = root / "docs/results/server-2026-11-28"
+    expected = {}
+    for cc, label in (("none", "alone (`none`)"), ("system", "behind the system turn (`system`)")):
+        for method, r in (("cacheblend", "15"), ("cacheblend@0.5", "50")):
+            cell = d / f"{cc}-{method}"
+            s, k = load_json(cell / "summary.json"), load_json(cell / "run-1/kvfuse.json")
+            full = load_json(cell / "run-1/kvfuse-full.json")
+            warm = sum(a == b for a, b in list(zip(k["answers"], full["answers"]))[8:])
+            expected[f"{label}, r = {r} %"] = [
+                f"{s['kvfuse-full']['ttft_p50_ms']:.0f}", f"{s['kvfuse']['ttft_p50_ms']:.0f}",
+                f"{s['kvfuse']['ttft_p99_ms']:.0f}", f"{s['kvfuse']['output_tok_s']:.2f}",
+                f"{s['ttft_p50_kvfuse_over_kvfuse_full']:.3f}", f"{s['kvfuse']['exact_match']:.3f}",
+                f"{warm} of {len(k['answers']) - 8}", f"{s['kvfuse']['rouge_l']:.3f}"]
+    page.compare("| chunk caches, CacheBlend |", "server.md, chunk context", expected)
+
+
 def check_llamacpp_callback(root):
     """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
     question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
@@ -532,7 +552,7 @@ def main():
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
-              lambda: check_fidelity_chunk_context(root),
+              lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
