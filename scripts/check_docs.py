@@ -406,7 +406,8 @@ def check_fidelity_chunk_context(root):
     first token's KL, from the probe outputs in results/fidelity-2026-11-28/ (as its table.py prints them)."""
     page = Page(root, "docs/fidelity.md")
     d = root / "docs/results/fidelity-2026-11-28"
-    for label, stem in (("6 × 130", "six-130"), ("README", "readme-shape")):
+    for label, stem in (("6 × 130", "six-130"), ("README", "readme-shape"), ("Gemma 3, 6 × 130", "gemma3-six-130"),
+                        ("Qwen2, 6 × 130", "qwen2-six-130")):
         expected = {}
         for name, cc in (("alone", "none"), ("behind system", "system")):
             run = load_json(d / f"{stem}-{cc}.json")
