@@ -435,6 +435,29 @@ TEST_CASE("CpuBatchEngine and FusionPipeline: chunk caches behind a chunk contex
     CHECK(std::next(got.begin())->second == alone_by_pipeline(model, store, ps[2], method, 3));
     CHECK(metrics.begin()->second.loaded_tokens == static_cast<std::int64_t>(kC.size() + kA.size()));
   }
+  // One that does not fit its plan (here: rotated at position 0, not behind the context) is not recomputed alone
+  // mid-request: its chunk is computed in context, as if the store lacked it.
+  const auto run_over = [&](ProbeStore& s) {
+    CpuLlamaFusion e(model);
+    FusionPipeline pipeline(e, s);
+    return pipeline.run(ps[0].tokens, ps[0].layout, parse_method("naive"));
+  };
+  const KVKey a_key = chunk_cache_key(model.fingerprint(), kA, context);
+  ProbeStore moved, lacking;
+  for (ProbeStore* s : {&moved, &lacking}) {
+    CpuLlamaFusion e(model);
+    FusionPipeline(e, *s).store_chunk_caches(ps[0].tokens, ps[0].layout);
+  }
+  KVBlock at_zero = *moved.inner().get(a_key);
+  at_zero.first_position = 0;
+  moved.inner().put(a_key, at_zero);
+  REQUIRE(lacking.inner().erase(a_key));
+  const FusionResult with_moved = run_over(moved), with_lacking = run_over(lacking);
+  CHECK(with_moved.rejected_entries == 1);
+  CHECK(with_moved.plan.chunks[1].source == KVSource::compute);
+  CHECK(with_lacking.plan.chunks[1].source == KVSource::compute);
+  CHECK(with_moved.logits == with_lacking.logits);
+
   // A cached chunk inside the context, or a context that ends inside a chunk, is refused by name.
   Prompt bad = ps[0];
   bad.layout.chunks[0].cached = true;

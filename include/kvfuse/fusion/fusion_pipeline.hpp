@@ -12,8 +12,8 @@
 //   fusion_result.hpp FusionResult, LoadConfig
 //
 // Offline (chunk caches are generated ahead of time, as in the papers):
-//   store_chunk_caches(tokens, layout)  each chunk's KV alone at position 0 (CacheBlend, Epic), once per (model
-//                                       fingerprint, chunk tokens)
+//   store_chunk_caches(tokens, layout)  each chunk's KV alone at position 0 (CacheBlend, Epic), or behind the
+//                                       layout's chunk_context, once per (model fingerprint, chunk tokens, context)
 //   record_context(tokens, layout)      an earlier prompt's full prefill with attention statistics: each chunk's
 //                                       in-context KV stored as a prefix-cache entry (keyed by the chain of chunks
 //                                       before it) and as a Cache-Craft variant (CCIScorer's ChunkProfile)
@@ -33,10 +33,12 @@
 // Store entries are never trusted blindly (entry_loader.hpp): one that is missing, has the wrong size or token
 // count, or was rotated at other positions than recorded is not used. An isolated chunk cache is then recomputed
 // and put back (a put that throws kvfuse::error is kept in FusionResult::put_failures and does not fail the
-// request); a prefix or variant entry turns its chunk into `compute`. The disk store adds checksums below this.
+// request); a prefix or variant entry, or a chunk cache computed behind a chunk context, turns its chunk into
+// `compute`. The disk store adds checksums below this.
 //
 // Keys: every key carries the model fingerprint. Contents are domain-separated hashes of the chunk tokens:
-// isolated = H(chunk), prefix = H(chunk_0, ..., chunk_j) chained, variant = H(chunk, ids of its stored prefix).
+// isolated = H(chunk) (seeded with H(context) behind a chunk context), prefix = H(chunk_0, ..., chunk_j) chained,
+// variant = H(chunk, ids of its stored prefix).
 //
 // Thread safety: a pipeline drives one engine, whose KV belongs to the request being served, so its requests are
 // serialized: run, run_after_prefix, plan, record_context, store_chunk_caches, store_prefix, drop_stale_variants and
