@@ -131,8 +131,7 @@ class FusionPipeline {
       if (context.empty()) {
         loader_.put(key, backend_->chunk_kv(chunk, 0));
       } else {
-        std::vector<token_id> both(context.begin(), context.end());
-        both.insert(both.end(), chunk.begin(), chunk.end());
+        const std::vector<token_id> both = chunk_cache_input(tokens, layout, c.range);
         backend_->begin(both);
         TokenSet rows;
         append_range(rows, {0, static_cast<std::int64_t>(both.size())});

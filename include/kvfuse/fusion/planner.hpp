@@ -84,6 +84,16 @@ inline void check_prompt(std::span<const token_id> tokens, const PromptLayout& l
   return tokens.subspan(static_cast<std::size_t>(r.begin), static_cast<std::size_t>(r.size()));
 }
 
+// What the chunk cache of rows r of a prompt with this layout is computed from: its chunk context (rows
+// [0, layout.chunk_context), none when 0) and then the chunk's tokens; the cache is the last r.size() rows.
+[[nodiscard]] inline std::vector<token_id> chunk_cache_input(std::span<const token_id> tokens, const PromptLayout& layout,
+                                                             TokenRange r) {
+  std::vector<token_id> out(tokens.begin(), tokens.begin() + layout.chunk_context);
+  const auto chunk = slice(tokens, r);
+  out.insert(out.end(), chunk.begin(), chunk.end());
+  return out;
+}
+
 // layout.cached from the chunks' sources, S_0 and the per-layer statistics from layer_schedule, and the bytes each
 // loaded chunk reads. Rows [0, exact_prefix) are already resident and exact (Cake's stored prefix): none of them
 // is recomputed. Called again when a chunk's entry turns out unusable and the chunk becomes `compute`.

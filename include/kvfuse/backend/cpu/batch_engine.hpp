@@ -273,9 +273,8 @@ class CpuBatchEngine {
         if (saving_.count(key.content) != 0 ||
             std::any_of(chunk_queue_.begin(), chunk_queue_.end(), [&](const QueuedChunk& q) { return q.key == key; }))
           continue;
-        std::vector<token_id> computed(context.begin(), context.end());
-        computed.insert(computed.end(), tokens.begin(), tokens.end());
-        chunk_queue_.push_back({std::move(key), std::move(computed), context_rows, false});
+        chunk_queue_.push_back({std::move(key), chunk_cache_input(r.request.tokens, r.request.layout, c.range),
+                                context_rows, false});
       }
       BatchItem item;
       item.kv = &r.fusion.kv();
