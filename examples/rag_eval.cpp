@@ -14,6 +14,7 @@
 //                   [--link-mbps X] [--link-latency-ms Y]
 //                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp] [--run-cost-rows N]
 //                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
+//                   [--chunk-context none|system]
 //
 // --model smollm2 (default), gemma3 or qwen2 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF
 // path.
@@ -34,6 +35,11 @@
 // model and not run. `auto` in --methods (with --calibrated) calibrates every family this engine runs and runs the
 // admitted setting that recomputes least (results.json: "auto"). Results are cached per model fingerprint in
 // <kvfuse cache>/calibration; results.json records them under "calibration".
+//
+// --chunk-context system computes each passage's cache behind the system turn (PromptLayout::chunk_context, as
+// kvfuse-server stores them; the system turn is then always computed), none (default) alone from position 0. The
+// calibration files record it, and kvfuse-server's `auto` reads only those of its own chunk context. The kvfuse
+// engine only.
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
@@ -130,6 +136,7 @@ struct Options {
   std::optional<std::int64_t> run_cost_rows;  // --run-cost-rows (the llama.cpp engine)
   bool plot = true;
   bool calibrated = false;
+  bool system_context = false;  // --chunk-context system
   std::int64_t calibration_questions = 3;
   kvfuse::CalibrationBudget calibration_budget;
 };
@@ -176,6 +183,10 @@ Options parse(int argc, char** argv) {
     else if (flag == "--calibration-top1") o.calibration_budget.min_top1_agreement = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-mbps") o.link_mbps = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link_latency_ms = kvfuse_example::parse_real(flag, v);
+    else if (flag == "--chunk-context") {
+      kvfuse::require(v == "none" || v == "system", "--chunk-context: '{}' is not none or system", v);
+      o.system_context = v == "system";
+    }
     else if (flag == "--pipeline") {
       kvfuse::require(v == "on" || v == "off", "--pipeline: '{}' is not on or off", v);
       o.pipeline = v == "on";
@@ -229,6 +240,7 @@ Options parse(int argc, char** argv) {
     const auto* craft = std::get_if<kvfuse::CacheCraft>(&method);
     const bool per_layer = std::holds_alternative<kvfuse::CacheBlend>(method) ||
                            std::holds_alternative<kvfuse::QueryAware>(method) ||
+                           std::holds_alternative<kvfuse::QueryProbe>(method) ||
                            (craft != nullptr && craft->focus_termination);
     kvfuse::require(o.engine != "llamacpp" || !per_layer,
                             "--methods: '{}' changes the recomputed set per layer, which llama.cpp cannot (one set for "
@@ -238,6 +250,8 @@ Options parse(int argc, char** argv) {
   kvfuse::require(o.engine != "llamacpp" || (!o.calibrated && o.store_dtype == kvfuse::DType::f32),
                           "--engine llamacpp: {} is for the kvfuse engine (llama.cpp keeps its own KV type)",
                           o.calibrated ? "--calibrated" : "--store-dtype");
+  kvfuse::require(o.engine != "llamacpp" || !o.system_context,
+                  "--chunk-context system: chunk caches behind a chunk context are for the kvfuse engine");
   o.calibration_budget.validate();
   kvfuse::require(o.calibration_questions >= 1, "--calibration-questions: {} must be >= 1",
                           o.calibration_questions);
@@ -408,8 +422,10 @@ int main(int argc, char** argv) try {
     std::vector<std::string> earlier = passages;
     std::reverse(earlier.begin() + 1, earlier.end());
     const kvfuse::RagPrompt warm = kvfuse::build_rag_prompt(tok, kSystem, earlier, q.question);
-    return QuestionPrompts{prompt.tokens, warm.tokens, chunked(prompt.layout()), chunked(warm.layout())};
+    return QuestionPrompts{prompt.tokens, warm.tokens, chunked(prompt.layout(o.system_context)),
+                           chunked(warm.layout(o.system_context))};
   };
+  const std::string chunk_context = o.system_context ? "system" : "none";  // in results.json and calibration files
   std::string table;  // results.md's table, printed at the end
   // Everything after the model is loaded, on either engine: kvfuse's CPU backend (CpuLlamaFusion, with `model`)
   // or llama.cpp (LlamaCppFusion).
@@ -457,7 +473,7 @@ int main(int argc, char** argv) try {
           if (fs::exists(path)) {
             try {
               c = kvfuse::eval::load_calibration(path, engine.model_fingerprint(), name, o.calibration_budget,
-                                                 evaluator.samples_hash());
+                                                 evaluator.samples_hash(), chunk_context);
             } catch (const kvfuse::error& e) {
               fmt::print(stderr, "calibration: recalibrating, the cached result is unusable: {}\n", e.what());
             }
@@ -465,7 +481,7 @@ int main(int argc, char** argv) try {
           const bool cached = c.has_value();
           if (!c) {
             c = kvfuse::calibrate(engine.model_fingerprint(), name, o.calibration_budget, evaluator);
-            kvfuse::eval::save_calibration(path, *c, evaluator.samples_hash());
+            kvfuse::eval::save_calibration(path, *c, evaluator.samples_hash(), chunk_context);
           }
           nlohmann::json points = nlohmann::json::array();
           for (const kvfuse::CalibrationPoint& p : c->points)
@@ -533,6 +549,7 @@ int main(int argc, char** argv) try {
       results["link_latency_ms"] = o.link_latency_ms;
       results["pipeline"] = o.pipeline;
       results["split_tokens"] = o.split_tokens;
+      results["chunk_context"] = chunk_context;
       if (o.calibrated) {
         results["calibration"] = calibration;
         results["calibration_budget"] = {{"max_kl_answer", o.calibration_budget.max_kl_answer},

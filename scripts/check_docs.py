@@ -437,6 +437,23 @@ def check_server_chunk_context(root):
     page.compare("| chunk caches, CacheBlend |", "server.md, chunk context", expected)
 
 
+def check_server_auto_calibration(root):
+    """docs/server.md, "`auto` behind the system turn": per setting, the calibration's KL / top-1 / recomputed in each
+    chunk context (results.json's "calibration" of the two runs in results/calibration-2026-11-28/)."""
+    d = root / "docs/results/calibration-2026-11-28"
+    runs = {cc: load_json(d / cc / "results.json") for cc in ("system", "none")}
+    for cc, r in runs.items():
+        if r["chunk_context"] != cc:
+            problem("docs/server.md", 1, f"auto calibration: {cc}/results.json says chunk_context {r['chunk_context']}")
+    cell = lambda m: f"{m['kl_answer_mean']:.3f} / {m['top1_answer_agreement']:.3f} / {m['recompute_fraction']:.3f}"
+    expected = {"naive": [cell(runs[cc]["calibration"]["cacheblend"]["naive"]) for cc in ("system", "none")]}
+    for family in ("cacheblend", "attnlink", "queryaware"):
+        points = {cc: {p["method"]: p for p in runs[cc]["calibration"][family]["points"]} for cc in runs}
+        for method in points["system"]:
+            expected[method] = [cell(points[cc][method]) for cc in ("system", "none")]
+    Page(root, "docs/server.md").compare("| setting | behind the system turn", "server.md, auto calibration", expected)
+
+
 def check_llamacpp_callback(root):
     """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
     question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
@@ -554,6 +571,7 @@ def main():
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
+              lambda: check_server_auto_calibration(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:

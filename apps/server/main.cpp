@@ -23,8 +23,9 @@
 //   by every server on it. New chunk caches are written through to every tier.
 // --method: each request's fusion method unless the request names one (the extension field kvfuse.method). auto
 //   (default): of the CacheBlend, AttnLink and QueryAware settings the per-model correctness gate admitted for this
-//   model (kvfuse-rag-eval --calibrated caches them under <kvfuse cache>/calibration, default budget), the one
-//   that recomputes least; CacheBlend's r = 15 % when no calibration is cached; full prefill when the gate refused
+//   model (kvfuse-rag-eval --calibrated caches them under <kvfuse cache>/calibration, default budget) with the
+//   server's --chunk-context (kvfuse-rag-eval --chunk-context), the one that recomputes least; CacheBlend's
+//   r = 15 % when no such calibration is cached; full prefill when the gate refused
 //   every family it measured. On --engine llamacpp, auto considers AttnLink only (the gate's calibration of the
 //   same GGUF, measured on the CPU engine), Epic's k = 16 when none is cached. cachecraft, prefix and
 //   cacheblend@auto are refused: the batched connector keeps no Cache-Craft variants, the server stores chunk
@@ -71,8 +72,6 @@
 
 #include "kvfuse/backend/cpu/batch_engine.hpp"
 #include "kvfuse/cpu.hpp"
-#include "kvfuse/harness/calibrate.hpp"
-#include "kvfuse/fusion/calibration.hpp"
 #if KVFUSE_WITH_LLAMACPP
 #include "llamacpp_engine.hpp"
 #endif
@@ -83,6 +82,7 @@
 #include "chat_request.hpp"
 #include "metrics.hpp"
 #include "musique.hpp"
+#include "server_method.hpp"
 #include "text_stream.hpp"
 
 namespace {
@@ -90,6 +90,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using kvfuse_server::ApiError;
+using kvfuse_server::auto_method;
+using kvfuse_server::server_method;
 
 struct Options {
   std::string model = "smollm2";
@@ -117,7 +119,8 @@ constexpr std::string_view kUsage =
     "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"
     "                     [--max-tokens-default 256] [--memory-bytes 2147483648] [--region-cells 2048]\n"
     "                     [--chunk-context system (cpu), none (llamacpp)]\n"
-    "--method auto: the cheapest setting the calibration gate admitted for the model (kvfuse-rag-eval --calibrated),\n"
+    "--method auto: the cheapest setting the calibration gate admitted for the model and chunk context\n"
+    "  (kvfuse-rag-eval --calibrated --chunk-context system|none),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
 
 Options parse(int argc, char** argv) {
@@ -175,91 +178,6 @@ Options parse(int argc, char** argv) {
                   "sequence state holds every row of its sequence); use --chunk-context none");
   o.model = kvfuse_example::resolve_model(o.model);
   return o;
-}
-
-// A method the server runs on `engine`; kvfuse::error naming what the batched engine cannot do.
-kvfuse::FusionMethod server_method(std::string_view text, std::string_view engine) {
-  const kvfuse::FusionMethod m = kvfuse::parse_method(text);
-  kvfuse::require(engine != "llamacpp" || !(std::holds_alternative<kvfuse::CacheBlend>(m) ||
-                                            std::holds_alternative<kvfuse::QueryAware>(m)),
-                  "fusion method '{}': it changes the recomputed rows per layer, which one llama_decode per step "
-                  "cannot (--engine llamacpp runs full, naive and attnlink)",
-                  text);
-  kvfuse::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
-                          "fusion method '{}': Cache-Craft reuses stored in-context variants, which the batched "
-                          "connector does not keep; use cacheblend, attnlink, queryaware, naive or full",
-                          text);
-  kvfuse::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
-                          "fusion method '{}': the server stores chunk caches only, no prefix entries", text);
-  const auto* blend = std::get_if<kvfuse::CacheBlend>(&m);
-  kvfuse::require(blend == nullptr || !blend->loading_controller,
-                          "fusion method '{}': CacheBlend's loading controller runs in FusionPipeline, not in the "
-                          "batched engine; give r (cacheblend@0.15)",
-                          text);
-  return m;
-}
-
-// --method auto: the per-model correctness gate's choice (fusion/calibration.hpp) among the families the engine
-// runs (CPU: CacheBlend, AttnLink, QueryAware; llama.cpp: AttnLink): per family the newest calibration
-// kvfuse-rag-eval --calibrated cached for this model at the default budget, then the admitted setting that
-// recomputes least (cheapest_admitted).
-kvfuse::FusionMethod auto_method(std::uint64_t fingerprint, std::string_view engine, std::string& why) {
-  const fs::path dir = kvfuse_example::cache_dir() / "calibration";
-  std::vector<kvfuse::Calibration> calibrations;
-  std::vector<std::string> read;
-  const std::vector<std::string> families =
-      engine == "llamacpp" ? std::vector<std::string>{"attnlink"}
-                           : std::vector<std::string>{"cacheblend", "attnlink", "queryaware"};
-  for (const std::string& family : families) {
-    const std::string prefix = fmt::format("{:016x}-{}-", fingerprint, family);
-    std::vector<fs::path> files;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.starts_with(prefix) && name.ends_with(".calibration")) files.push_back(entry.path());
-    }
-    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-      std::error_code e1, e2;
-      return fs::last_write_time(a, e1) > fs::last_write_time(b, e2);
-    });
-    for (const fs::path& path : files) {
-      std::ifstream in(path);
-      std::string line;
-      std::optional<std::uint64_t> samples;
-      while (std::getline(in, line)) {
-        if (!line.starts_with("samples ")) continue;
-        try {
-          samples = std::stoull(line.substr(8), nullptr, 16);
-        } catch (const std::exception&) {
-        }
-        break;
-      }
-      if (!samples) continue;
-      try {
-        calibrations.push_back(
-            kvfuse::eval::load_calibration(path, fingerprint, family, kvfuse::CalibrationBudget{}, *samples));
-        read.push_back(path.string());
-        break;
-      } catch (const kvfuse::error&) {  // another budget, an older version, or unreadable: the next file
-      }
-    }
-  }
-  if (calibrations.empty() && engine == "llamacpp") {
-    why = "no AttnLink calibration cached for this model (kvfuse-rag-eval --calibrated): Epic's default k = 16";
-    return kvfuse::parse_method("attnlink");
-  }
-  if (calibrations.empty()) {
-    why = "no calibration cached for this model (kvfuse-rag-eval --calibrated): CacheBlend's default r = 15 %";
-    return kvfuse::parse_method("cacheblend");
-  }
-  const std::optional<std::string> choice = kvfuse::cheapest_admitted(calibrations);
-  if (!choice) {
-    why = fmt::format("the calibration gate refused every family it measured for this model ({}): full prefill",
-                      fmt::join(read, ", "));
-    return kvfuse::FullRecompute{};
-  }
-  why = fmt::format("calibrated ({})", fmt::join(read, ", "));
-  return server_method(*choice, engine);
 }
 
 // One request's events, from the engine thread to the handler thread that waits for them.
@@ -788,8 +706,11 @@ int main(int argc, char** argv) try {
 
   if (o.engine == "cpu") {
     const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
-    const kvfuse::FusionMethod method = o.method == "auto" ? auto_method(model.fingerprint(), o.engine, why)
-                                                           : server_method(o.method, o.engine);
+    const kvfuse::FusionMethod method =
+        o.method == "auto"
+            ? auto_method(kvfuse_example::cache_dir() / "calibration", model.fingerprint(), o.engine, o.chunk_context,
+                          why)
+            : server_method(o.method, o.engine);
     kvfuse::BatchEngineConfig config;
     config.budget.token_budget = o.token_budget;
     config.max_running = static_cast<std::size_t>(o.max_running);
@@ -806,7 +727,8 @@ int main(int argc, char** argv) try {
   kvfuse::FusionMethod method;
   if (o.method == "auto") {  // the gate's calibrations are keyed by the CPU engine's fingerprint of the same GGUF
     const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
-    method = auto_method(model.fingerprint(), o.engine, why);
+    method =
+        auto_method(kvfuse_example::cache_dir() / "calibration", model.fingerprint(), o.engine, o.chunk_context, why);
   } else {
     method = server_method(o.method, o.engine);
   }

@@ -50,6 +50,20 @@ PY
   --methods naive --out "$out/again" --cache-dir "$out/cache" --no-plot >/dev/null
 python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["chunk_caches_computed"] == 0, r["chunk_caches_computed"]' \
   "$out/again/results.json"
+# Chunk caches behind the system turn (--chunk-context system, as kvfuse-server stores them): the passages' caches
+# only (the system turn is computed every time, so naive reuse recomputes more), prefix entries still exact.
+"$bin" --model "$model" --data "$data" --limit 1 --max-passages 2 --max-passage-tokens 40 --max-new-tokens 4 \
+  --methods naive,prefix --chunk-context system --out "$out/system" --no-plot >/dev/null
+python3 - "$out/system/results.json" "$out/results.json" <<'PY'
+import json, sys
+behind, alone = (json.load(open(p)) for p in sys.argv[1:])
+assert behind["chunk_context"] == "system" and alone["chunk_context"] == "none", (behind["chunk_context"], alone["chunk_context"])
+assert behind["chunk_caches_computed"] == 2, behind["chunk_caches_computed"]  # the 2 passages
+naive_behind, naive_alone = behind["methods"]["naive"], alone["methods"]["naive"]
+assert naive_behind["recompute_fraction"] > naive_alone["recompute_fraction"], (naive_behind, naive_alone)
+assert behind["methods"]["prefix"]["kl_first_token"] < 1e-6, behind["methods"]["prefix"]
+print("chunk context ok")
+PY
 # Real I/O: a disk store alone behind a 50 MB/s link, layer-pipelined (default) and whole blocks, passages cut
 # into 16-token chunks by KVSplit: the same logits either way (layer-pipelined loading installs the same bytes),
 # the per-layer trace present only when pipelined, the loading controller's ratio after the first measured run.

@@ -1,6 +1,6 @@
 // kvfuse-server's pieces without HTTP: request checks name the field; a prompt's parts are chunks whose tokens do not
 // depend on their neighbours or position; streamed text never splits a UTF-8 sequence or a stop sequence; the
-// type-erased store forwards and counts.
+// type-erased store forwards and counts; --method auto reads the calibrations of its own chunk context only.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,9 +13,11 @@
 #include "chat_request.hpp"
 #include "kvfuse/core/keys.hpp"
 #include "kvfuse/model/gguf.hpp"
+#include "server_method.hpp"
 #include "text_stream.hpp"
 
 #include "../support/model_path.hpp"
+#include "../support/test_util.hpp"
 
 using kvfuse_server::ApiError;
 using nlohmann::json;
@@ -80,6 +82,42 @@ TEST_CASE("server: a bad field is refused by name") {
         "messages[0].content[0].text");
   CHECK(param_of(json::array()) == "");
   CHECK(param_of(json{{"model", "m"}}) == "messages");
+}
+
+TEST_CASE("server: --method auto takes the calibrations of its own chunk context, never another's") {
+  const kvfuse_test::TempDir dir;
+  constexpr std::uint64_t kModel = 0xabc;
+  const auto save = [&](const std::string& family, const std::string& chosen, double recomputed,
+                        std::string_view context, std::uint64_t samples) {
+    kvfuse::Calibration c;
+    c.model_fingerprint = kModel;
+    c.family = family;
+    c.naive = {0.0, 0.1, 0.8};
+    c.points.push_back({chosen, {recomputed, 0.01, 0.99}, true});
+    c.chosen = chosen;
+    kvfuse::eval::save_calibration(kvfuse::eval::calibration_file(dir.path, kModel, family, {}, samples), c, samples,
+                                   context);
+  };
+  save("cacheblend", "cacheblend@0.05", 0.05, "none", 1);
+  save("cacheblend", "cacheblend@0.3", 0.3, "system", 2);
+  save("attnlink", "attnlink@16", 0.2, "system", 3);
+  const auto chosen = [&](std::uint64_t model, std::string_view engine, std::string_view context, std::string& why) {
+    return kvfuse::method_name(kvfuse_server::auto_method(dir.path, model, engine, context, why));
+  };
+  const auto name = [](std::string_view m) { return kvfuse::method_name(kvfuse::parse_method(m)); };
+  std::string why;
+  // Behind the system turn: AttnLink recomputes less than CacheBlend at 0.3; the calibration of caches computed
+  // alone (CacheBlend at 0.05, cheaper still) is not read.
+  CHECK(chosen(kModel, "cpu", "system", why) == name("attnlink@16"));
+  CHECK(why.find("calibrated") != std::string::npos);
+  CHECK(why.find("cacheblend") != std::string::npos);
+  CHECK(chosen(kModel, "cpu", "none", why) == name("cacheblend@0.05"));
+  // llama.cpp considers AttnLink only, which was calibrated behind the system turn only: Epic's default.
+  CHECK(chosen(kModel, "llamacpp", "none", why) == name("attnlink"));
+  CHECK(why.find("chunk context 'none'") != std::string::npos);
+  // Another model's calibrations are not read either.
+  CHECK(chosen(0xdef, "cpu", "system", why) == name("cacheblend"));
+  CHECK(why.find("no calibration cached for this model and chunk context 'system'") != std::string::npos);
 }
 
 TEST_CASE("server: an incomplete UTF-8 tail is held back") {

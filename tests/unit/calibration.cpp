@@ -142,6 +142,15 @@ TEST_CASE("TeacherForcedEvaluator on the small Llama: full prefill is exact, the
   CHECK(error_of([&] { (void)strict.method(); }).find("refuses attnlink") != std::string::npos);
   CHECK(error_of([&] { eval::TeacherForcedEvaluator bad(model, pipeline, {}, 6, 95); }).find("no sample prompts") !=
         std::string::npos);
+  // The same prompts with their chunk caches computed behind the system chunk are another sample set.
+  std::vector<eval::CalibrationPrompt> behind = prompts;
+  for (eval::CalibrationPrompt& p : behind) {
+    p.layout.chunks.front().cached = false;
+    p.layout.chunk_context = p.layout.chunks.front().range.end;
+    pipeline.store_chunk_caches(p.tokens, p.layout);
+  }
+  const eval::TeacherForcedEvaluator evaluate_behind(model, pipeline, behind, 6, 95);
+  CHECK(evaluate_behind.samples_hash() != evaluate.samples_hash());
 }
 
 TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign file is an error naming it") {
@@ -152,8 +161,8 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
   const std::filesystem::path path = eval::calibration_file(dir.path, 0x1234, "attnlink", budget, 99);
   CHECK(path.filename().string().starts_with("0000000000001234-attnlink-"));
   CHECK(eval::calibration_file(dir.path, 0x1234, "attnlink", CalibrationBudget{0.1, 0.95}, 99) != path);
-  eval::save_calibration(path, c, 99);
-  const Calibration back = eval::load_calibration(path, 0x1234, "attnlink", budget, 99);
+  eval::save_calibration(path, c, 99, "none");
+  const Calibration back = eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none");
   CHECK(back.chosen == c.chosen);
   REQUIRE(back.points.size() == c.points.size());
   for (std::size_t i = 0; i < c.points.size(); ++i) {
@@ -164,14 +173,18 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
   }
   CHECK(back.naive.kl_answer_mean == c.naive.kl_answer_mean);
   CHECK(back.naive.top1_agreement == c.naive.top1_agreement);
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x9999, "attnlink", budget, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x9999, "attnlink", budget, 99, "none"); })
             .find("calibrated for another model") != std::string::npos);
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "cacheblend", budget, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "cacheblend", budget, 99, "none"); })
             .find("calibrates another family") != std::string::npos);
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", CalibrationBudget{0.1, 0.95}, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", CalibrationBudget{0.1, 0.95}, 99, "none"); })
             .find("another budget") != std::string::npos);
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 98); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 98, "none"); })
             .find("other sample prompts") != std::string::npos);
+  // Measured on caches computed alone: not a calibration of caches behind a chunk context.
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "system"); })
+            .find("behind chunk context 'none' (asked for 'system')") != std::string::npos);
+  CHECK(error_of([&] { eval::save_calibration(path, c, 99, "two words"); }).find("'two words'") != std::string::npos);
 
   std::string text;
   {
@@ -180,24 +193,37 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
   }
   const auto rewrite = [&](const std::string& t) { std::ofstream(path, std::ios::trunc) << t; };
   rewrite(text.substr(0, text.rfind("chosen")));
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none"); })
             .find("no chosen / refused record") != std::string::npos);
   std::string bad = text;
   bad.replace(bad.find("point attnlink@1 "), 17, "point attnlink@1 x");
   rewrite(bad);
-  const std::string why = error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); });
-  CHECK(why.find("line 7") != std::string::npos);
+  const std::string why = error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none"); });
+  CHECK(why.find("line 8") != std::string::npos);
   // A file without naive reuse's record (version 1 had none) is refused.
   std::string no_naive = text;
   no_naive.erase(no_naive.find("naive "), no_naive.find('\n', no_naive.find("naive ")) - no_naive.find("naive ") + 1);
   rewrite(no_naive);
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none"); })
             .find("no naive record") != std::string::npos);
   CHECK(why.find(path.string()) != std::string::npos);
+  // Version 2 (no chunk-context record) measured caches computed alone: read as "none", refused for another.
+  std::string v2 = text;
+  v2.replace(v2.find("kvfuse-calibration 3"), 20, "kvfuse-calibration 2");
+  v2.erase(v2.find("chunk-context none\n"), 19);
+  rewrite(v2);
+  CHECK(eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none").chosen == c.chosen);
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "system"); })
+            .find("version 2") != std::string::npos);
+  std::string no_context = text;
+  no_context.erase(no_context.find("chunk-context none\n"), 19);
+  rewrite(no_context);
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none"); })
+            .find("no chunk-context record") != std::string::npos);
   rewrite("garbage\n");
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 99, "none"); })
             .find("not a kvfuse calibration file") != std::string::npos);
-  CHECK(error_of([&] { (void)eval::load_calibration(dir.path / "absent", 0x1234, "attnlink", budget, 99); })
+  CHECK(error_of([&] { (void)eval::load_calibration(dir.path / "absent", 0x1234, "attnlink", budget, 99, "none"); })
             .find("cannot open") != std::string::npos);
 }
 

@@ -327,6 +327,16 @@ TEST_CASE("RAG prompt: segments tile the prompt and equal the whole prompt token
   CHECK_NOTHROW(layout.validate());
   CHECK(layout.chunks.size() == 4);
   CHECK(layout.query == p.segments.back());
+  CHECK(layout.chunk_context == 0);
+  CHECK(layout.chunks.front().cached);
+  // With the system turn as the chunk context: the same chunks, the system turn computed, the passages behind it.
+  const kvfuse::PromptLayout behind = p.layout(/*system_context=*/true);
+  CHECK_NOTHROW(behind.validate());
+  CHECK(behind.chunk_context == p.segments.front().end);
+  REQUIRE(behind.chunks.size() == 4);
+  CHECK(!behind.chunks.front().cached);
+  for (std::size_t i = 1; i < behind.chunks.size(); ++i) CHECK(behind.chunks[i].cached);
+  CHECK(behind.query == layout.query);
 
   // A passage's tokens do not depend on its position: reordering moves the same segment.
   const std::vector<std::string> reordered{"a\nb 12", "ab", "  abc \n"};

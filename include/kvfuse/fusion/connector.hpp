@@ -165,7 +165,8 @@ class FusionConnector {
   }
 
   // Registers the request of `plan` and starts reading its entries (every chunk not computed, with bytes to read).
-  // invalid_argument (last_status_message names it) for a request already started, a plan of another shape or
+  // unsupported for a two-pass plan (QueryProbe: FusionPipeline only); invalid_argument (last_status_message names
+  // it) for a request already started, a plan of another shape or
   // settings that do not fit it.
   Status start(const FusionPlan& plan, const FusionMethod& method, LoadStart settings = {}) {
     auto r = std::make_shared<Request>();
@@ -177,6 +178,11 @@ class FusionConnector {
       return refuse(Status::invalid_argument, "FusionConnector::start: request %llu: L_p = %lld, timeout %g ms",
                     static_cast<unsigned long long>(plan.request_id), static_cast<long long>(settings.preload_depth),
                     r->timeout_ms);
+    if (plan.two_pass)
+      return refuse(Status::unsupported,
+                    "FusionConnector::start: request %llu: '%s' runs a probe pass and then a second prefill over the "
+                    "same KV, which FusionPipeline drives and an engine's step loop does not",
+                    static_cast<unsigned long long>(plan.request_id), plan.method.c_str());
     try {
       r->schedule = layer_schedule(plan, method, shape_.num_layers);
     } catch (const error& e) {

@@ -136,6 +136,7 @@ concept RunCostBackend = FixedSetFusionBackend<B> && requires(const B& cb) {
 // Whether every instance of method type M needs per-layer feedback (compile-time refusal for fixed-set
 // engines). Cache-Craft needs it only with focus termination, a run-time setting: checked when it runs.
 template <class M>
-inline constexpr bool needs_per_layer_backend = std::is_same_v<M, CacheBlend> || std::is_same_v<M, QueryAware>;
+inline constexpr bool needs_per_layer_backend =
+    std::is_same_v<M, CacheBlend> || std::is_same_v<M, QueryAware> || std::is_same_v<M, QueryProbe>;
 
 }  // namespace kvfuse

@@ -1,5 +1,5 @@
 #pragma once
-// FusionMethod: the seven ways to assemble a prompt's KV from stored chunk caches, as value types, and
+// FusionMethod: the eight ways to assemble a prompt's KV from stored chunk caches, as value types, and
 // FusionPlan, what a method decided for one prompt before any compute ran (plain data for tests and logs).
 //
 // Every method is the same layer-wise partial prefill (CacheBlend §4.3, Epic §4.2, Cache-Craft §3.2); they
@@ -20,6 +20,11 @@
 //   QueryAware      isolated caches; CacheBlend's schedule, but check layers keep the tokens the query rows
 //                   attend to most, optionally mixed with the KV deviation (QueryAwareSelector). kvfuse's
 //                   variant of the idea of ProphetKV (2026), not a reimplementation of that paper.
+//   QueryProbe      isolated caches; two passes. A probe pass is naive reuse that also reports, on every layer,
+//                   the query's attention over every row; the rows of highest mean share over the layers, r of
+//                   the reused rows, are then recomputed on every layer in a second pass (QueryProbeSelector).
+//                   After ProphetKV's (2026) dual-stage idea: the query's attention from every layer, not only
+//                   CacheBlend's early check layers, decides; the layer fusion here is kvfuse's own.
 // When to use which: prefix caching when prompts share exact prefixes; otherwise CacheBlend when nothing is
 // known about the chunks in advance, AttnLink when the cheapest static selection is enough, Cache-Craft when
 // chunk caches are kept from earlier prompts with their attention statistics; QueryAware where CacheBlend would
@@ -28,8 +33,8 @@
 // reuse's gap, as the check layers 1-3 see mostly the question's attention to what is near it; mixed with the
 // KV deviation (λ = 0.5, "queryaware@0.15:0.5") about as much as CacheBlend's selection.
 //
-// Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware" for
-// the default settings (r = 0.15, k = 16, alpha = 1, lambda = 1) and "name@value" otherwise ("cacheblend@auto":
+// Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware",
+// "queryprobe" for the default settings (r = 0.15, k = 16, alpha = 1, lambda = 1) and "name@value" otherwise ("cacheblend@auto":
 // the loading controller picks r). QueryAware takes r and the mix lambda: "queryaware@0.2" (lambda = 1),
 // "queryaware@0.15:0.5" (r = 0.15, lambda = 0.5; lambda is written only when it is not 1). parse_method() reads
 // every one of these.
@@ -91,8 +96,19 @@ struct QueryAware {
   KVTensor rank_by = KVTensor::value;  // the tensor of the deviation term (read when λ < 1)
 };
 
+// Two passes (see the header comment): naive reuse with the query's attention over every row on every layer, then
+// the naive rows and the ratio · |reused rows| reused rows of highest fused query attention, on every layer.
+struct QueryProbe {
+  double recompute_ratio = 0.15;  // r: the share of the reused rows the second pass recomputes, in [0, 1]
+
+  void validate() const {
+    detail::require(recompute_ratio >= 0.0 && recompute_ratio <= 1.0,
+                    "QueryProbe: recompute_ratio {} is not in [0, 1]", recompute_ratio);
+  }
+};
+
 using FusionMethod =
-    std::variant<FullRecompute, PrefixCaching, NaiveReuse, CacheBlend, AttnLink, CacheCraft, QueryAware>;
+    std::variant<FullRecompute, PrefixCaching, NaiveReuse, CacheBlend, AttnLink, CacheCraft, QueryAware, QueryProbe>;
 
 namespace detail {
 
@@ -144,12 +160,17 @@ template <class Method>
         return "queryaware@" + detail::format_setting(r) + ":" + detail::format_setting(q.query_weight);
       return r == HKVDConfig{}.recompute_ratio ? "queryaware" : "queryaware@" + detail::format_setting(r);
     }
+    std::string operator()(const QueryProbe& p) const {
+      return p.recompute_ratio == QueryProbe{}.recompute_ratio
+                 ? "queryprobe"
+                 : "queryprobe@" + detail::format_setting(p.recompute_ratio);
+    }
   };
   return std::visit(Visitor{}, m);
 }
 
 // Reads a method name: full, prefix, naive, cacheblend[@r|@auto], attnlink[@k], cachecraft[@alpha][-nofocus],
-// queryaware[@r[:lambda]].
+// queryaware[@r[:lambda]], queryprobe[@r].
 [[nodiscard]] inline FusionMethod parse_method(std::string_view text) {
   const std::size_t at = text.find('@');
   std::string_view name = text.substr(0, at);
@@ -210,8 +231,15 @@ template <class Method>
     }
     return with_recompute_ratio(q, ratio.empty() ? q.config.recompute_ratio : detail::parse_setting(text, ratio));
   }
+  if (name == "queryprobe") {
+    QueryProbe p;
+    if (!setting.empty()) p.recompute_ratio = detail::parse_setting(text, setting);
+    detail::require(p.recompute_ratio >= 0.0 && p.recompute_ratio <= 1.0,
+                    "fusion method '{}': r = {} must be in [0, 1]", text, setting);
+    return p;
+  }
   throw error(fmt::format("unknown fusion method '{}' (expected full, prefix, naive, cacheblend[@r|@auto], "
-                          "attnlink[@k], cachecraft[@alpha][-nofocus], queryaware[@r[:lambda]])",
+                          "attnlink[@k], cachecraft[@alpha][-nofocus], queryaware[@r[:lambda]], queryprobe[@r])",
                           text));
 }
 
@@ -250,6 +278,9 @@ struct FusionPlan {
   PromptLayout layout;            // the prompt's layout with cached = (source != compute)
   TokenSet initial;               // S_0
   bool per_layer = false;         // S_l changes per layer: the engine calls the policy after every layer
+  // QueryProbe: S_0 .. S_{L-1} is a probe pass; a second prefill of the rows it chose follows (FusionPipeline runs
+  // both; FusionConnector refuses such a plan, as engines driving their own step loop run one pass a request).
+  bool two_pass = false;
   StatisticsNeeds statistics;     // what that policy reads
 
   [[nodiscard]] std::uint64_t bytes_to_read() const noexcept {

@@ -23,7 +23,7 @@
 //                                       method's S_l (layer_schedule) -> logits, timed; the KV stays in the engine
 //
 // Layer-pipelined loading (LoadConfig::layerwise, on by default; needs a LayerwiseFusionBackend engine and a
-// RangedKVStore): the entries are read a layer at a time while the engine computes, L_p layers ahead (Cache-Craft
+// RangedKVStore; not for QueryProbe, whose two passes over the same KV load it whole first): the entries are read a layer at a time while the engine computes, L_p layers ahead (Cache-Craft
 // §3.4.2, Algorithm 2; entry_loader.hpp). L_p is eq. 16 on the load and compute times per layer measured on the
 // previous layer-pipelined run (load_control.hpp; 1 before any run; LoadConfig::preload_depth fixes it). The bytes
 // installed are those of a whole-block load, so the result is the same bit for bit; the trace (FusionResult::load)
@@ -264,7 +264,7 @@ class FusionPipeline {
 
     bool pipelined = false;
     if constexpr (detail::EntryLoader<Backend, Store>::layered) {
-      if (load_.layerwise) {
+      if (load_.layerwise && !plan.two_pass) {  // a second pass would read the layers again: loaded whole first
         loader_.load_layerwise(tokens, chosen, exact_prefix, load_, out, [&](std::vector<double>* policy_ms) {
           return prefill(plan, chosen, out, policy_ms);
         });
@@ -305,6 +305,13 @@ class FusionPipeline {
       const StatisticsRequest stats{schedule.needs_attention ? &plan.layout : nullptr,
                                     schedule.needs_query_mass ? plan.layout.query : TokenRange{}};
       logits = backend_->prefill(plan.initial, next, stats);
+      if (schedule.second_pass) {  // QueryProbe: the rows its probe pass chose, on every layer, over the same KV
+        detail::require(schedule.second_pass->has_value(),
+                        "FusionPipeline: method '{}' ended its probe pass before the last layer", plan.method);
+        const TokenSet& rows = **schedule.second_pass;
+        logits = backend_->prefill(rows);
+        for (std::int64_t& n : out.selected_per_layer) n += static_cast<std::int64_t>(rows.size());
+      }
     } else {
       throw error(fmt::format("FusionPipeline: method '{}' changes the recomputed set per layer, which this "
                               "backend cannot (it models FixedSetFusionBackend only)",

@@ -49,6 +49,9 @@ struct LayerReport {
   // window: the window would hide all but the last few hundred positions from the query. Empty unless asked for
   // (LayerSchedule::needs_query_mass; QueryAwareSelector ranks by it).
   std::span<const float> query_mass{};
+  // With query_mass, the same weight on every row of the prompt, computed or not ([num_tokens]; QueryProbe ranks
+  // the rows it did not compute by it).
+  std::span<const float> row_query_mass{};
 };
 
 // The statistics a per-layer engine computes for the policy besides the K / V deviations, all from the softmax

@@ -16,14 +16,19 @@
 //   QueryAware      S_0 = every token; check layers keep the tokens the query rows attend to most (mixed with
 //                   the KV deviation when λ < 1), down to r on CacheBlend's schedule (QueryAwareSelector: needs
 //                   the query mass, and KV deviations when λ < 1).
+//   QueryProbe      two passes: S_l = the naive rows on every layer, reporting the query's attention on every
+//                   row; then S_l = those rows and the reused rows QueryProbeSelector chose, on every layer
+//                   (second_pass; needs the query mass).
 // A schedule without `next` recomputes one fixed set on every layer: an engine that cannot change the set
 // per layer or report deviations / statistics can still run it.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -36,6 +41,7 @@
 #include "kvfuse/select/focused_chunk_detector.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 #include "kvfuse/select/query_aware_selector.hpp"
+#include "kvfuse/select/query_probe_selector.hpp"
 
 namespace kvfuse {
 
@@ -47,6 +53,8 @@ struct LayerSchedule {
   bool needs_query_mass = false;   // `next` reads LayerReport::query_mass (query = the plan's layout.query)
   // Cache-Craft focus termination: Algorithm 1's decision (L*, F* as layout chunk indices) once it is made.
   std::shared_ptr<std::optional<FocusDecision>> focus = std::make_shared<std::optional<FocusDecision>>();
+  // QueryProbe: the rows of the second pass, set by `next` after the probe's last layer; null for one pass.
+  std::shared_ptr<std::optional<TokenSet>> second_pass;
 
   // Whether one fixed set serves every layer (no per-layer feedback needed).
   [[nodiscard]] bool fixed_set() const noexcept { return !next; }
@@ -167,6 +175,30 @@ inline SelectionPolicy focus_termination(const FusionPlan& plan, const CacheCraf
                    };
                    s.needs_query_mass = selector->reads_query_mass();
                    s.needs_deviation = selector->reads_deviation();
+                 },
+                 [&](const QueryProbe& probe) {
+                   probe.validate();
+                   s.initial = detail::computed_and_fixed_rows(plan);  // the probe pass: naive reuse
+                   TokenSet candidates;
+                   for (const ChunkPlan& c : plan.chunks)
+                     if (c.source == KVSource::isolated || c.source == KVSource::variant)
+                       for (std::int64_t t = c.range.begin; t < c.range.end; ++t)
+                         if (!std::binary_search(s.initial.begin(), s.initial.end(), t)) candidates.push_back(t);
+                   auto selector =
+                       std::make_shared<QueryProbeSelector>(std::move(candidates), probe.recompute_ratio, num_layers);
+                   s.second_pass = std::make_shared<std::optional<TokenSet>>();
+                   s.next = [selector, second = s.second_pass, naive = s.initial, num_layers](const LayerReport& r) {
+                     selector->observe(r.layer, r.row_query_mass);
+                     if (r.layer + 1 == num_layers) {
+                       TokenSet rows;
+                       const TokenSet chosen = selector->select();
+                       std::set_union(naive.begin(), naive.end(), chosen.begin(), chosen.end(),
+                                      std::back_inserter(rows));
+                       *second = std::move(rows);
+                     }
+                     return r.selected;
+                   };
+                   s.needs_query_mass = true;
                  },
              },
              method);

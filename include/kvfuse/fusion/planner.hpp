@@ -108,6 +108,7 @@ inline void finish_plan(FusionPlan& plan, const FusionMethod& method, const Engi
   plan.initial = schedule.initial;
   std::erase_if(plan.initial, [exact_prefix](std::int64_t row) { return row < exact_prefix; });
   plan.per_layer = !schedule.fixed_set();
+  plan.two_pass = schedule.second_pass != nullptr;
   // Only adds rows, each recomputed exactly: fidelity cannot drop, calls do.
   if (!plan.per_layer && shape.run_cost_rows > 0) plan.initial = merge_runs(plan.initial, shape.run_cost_rows);
   const KVTensor rank = std::visit(

@@ -4,18 +4,23 @@
 // prefill's greedy answer, recompute fraction), and calibration files cache a Calibration per model
 // fingerprint, family, budget and sample set, so a model is calibrated once.
 //
-// File format (text, one record per line): "kvfuse-calibration 2", then "fingerprint <hex>", "family <name>",
-// "budget <max KL> <min top-1>", "samples <hex>", "naive <recomputed> <KL> <top-1>" (naive reuse, which every
+// File format (text, one record per line): "kvfuse-calibration 3", then "fingerprint <hex>", "family <name>",
+// "budget <max KL> <min top-1>", "samples <hex>", "chunk-context <label>" (what the sample prompts' chunk caches
+// were computed behind: the caller's name for it, e.g. "none" or "system"; PromptLayout::chunk_context),
+// "naive <recomputed> <KL> <top-1>" (naive reuse, which every
 // setting must not lose to), one "point <method> <recomputed> <KL> <top-1> <admitted 0|1>" per setting measured,
-// and "chosen <method>" or "refused". Version 1 files (no naive record) are refused like any other foreign file. A file that does not parse is an error naming the
-// file, the line and the value.
+// and "chosen <method>" or "refused". Version 2 files (no chunk-context record) were measured on caches computed
+// alone and read as "none"; version 1 files (no naive record) are refused like any other foreign file. A file that
+// does not parse is an error naming the file, the line and the value.
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -28,6 +33,8 @@
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/harness/metrics.hpp"
 #include "kvfuse/fusion/calibration.hpp"
+#include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/fusion_result.hpp"
 
 namespace kvfuse::eval {
 
@@ -78,7 +85,7 @@ class TeacherForcedEvaluator {
     return m;
   }
 
-  // Identifies the sample set (prompts and reference answers) in calibration file names.
+  // Identifies the sample set (prompts, their chunk contexts and reference answers) in calibration file names.
   [[nodiscard]] std::uint64_t samples_hash() const noexcept {
     Xxh3Stream h;
     const auto add = [&h](std::span<const token_id> t) {
@@ -87,6 +94,7 @@ class TeacherForcedEvaluator {
     };
     for (std::size_t i = 0; i < prompts_.size(); ++i) {
       add(prompts_[i].tokens);
+      h.update_value(static_cast<std::uint64_t>(prompts_[i].layout.chunk_context));
       add(answers_[i]);
     }
     return h.digest();
@@ -100,6 +108,11 @@ class TeacherForcedEvaluator {
   std::vector<std::vector<std::vector<float>>> reference_;
 };
 
+// A chunk context's name in a calibration file: one word.
+[[nodiscard]] inline bool is_chunk_context_label(std::string_view label) noexcept {
+  return !label.empty() && label.find_first_of(" \t\r\n") == std::string_view::npos;
+}
+
 // <dir>/<fingerprint>-<family>-<budget and samples hash>.calibration
 [[nodiscard]] inline std::filesystem::path calibration_file(const std::filesystem::path& dir,
                                                             std::uint64_t fingerprint, std::string_view family,
@@ -111,10 +124,14 @@ class TeacherForcedEvaluator {
 }
 
 // Writes atomically (a temporary file renamed over `path`).
-inline void save_calibration(const std::filesystem::path& path, const Calibration& c, std::uint64_t samples_hash) {
+inline void save_calibration(const std::filesystem::path& path, const Calibration& c, std::uint64_t samples_hash,
+                             std::string_view chunk_context) {
+  detail::require(is_chunk_context_label(chunk_context),
+                  "save_calibration: chunk context label '{}' is empty or not one word", chunk_context);
   std::string s = fmt::format(
-      "kvfuse-calibration 2\nfingerprint {:016x}\nfamily {}\nbudget {} {}\nsamples {:016x}\nnaive {} {} {}\n",
-      c.model_fingerprint, c.family, c.budget.max_kl_answer, c.budget.min_top1_agreement, samples_hash,
+      "kvfuse-calibration 3\nfingerprint {:016x}\nfamily {}\nbudget {} {}\nsamples {:016x}\nchunk-context {}\n"
+      "naive {} {} {}\n",
+      c.model_fingerprint, c.family, c.budget.max_kl_answer, c.budget.min_top1_agreement, samples_hash, chunk_context,
       c.naive.recompute_fraction, c.naive.kl_answer_mean, c.naive.top1_agreement);
   for (const CalibrationPoint& p : c.points)
     s += fmt::format("point {} {} {} {} {}\n", p.method, p.measure.recompute_fraction, p.measure.kl_answer_mean,
@@ -134,10 +151,10 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
 }
 
 // Reads a file save_calibration wrote. Throws kvfuse::error naming the file, line and value on anything else,
-// and when it holds another fingerprint, family, budget or sample set than asked for.
+// and when it holds another fingerprint, family, budget, sample set or chunk context than asked for.
 [[nodiscard]] inline Calibration load_calibration(const std::filesystem::path& path, std::uint64_t fingerprint,
                                                   std::string_view family, const CalibrationBudget& budget,
-                                                  std::uint64_t samples_hash) {
+                                                  std::uint64_t samples_hash, std::string_view chunk_context) {
   std::ifstream in(path, std::ios::binary);
   detail::require(static_cast<bool>(in), "load_calibration: cannot open {}", path.string());
   Calibration c;
@@ -145,6 +162,8 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
   int number = 0;
   bool ended = false;
   bool has_naive = false;
+  int version = 0;
+  std::optional<std::string> context;
   const auto fail = [&](std::string_view what) {
     throw error(fmt::format("load_calibration: {} line {}: {} ('{}')", path.string(), number, what, line));
   };
@@ -166,7 +185,8 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
     words >> tag;
     if (ended) fail("text after the end record");
     if (number == 1) {
-      if (line != "kvfuse-calibration 2") fail("not a kvfuse calibration file of version 2");
+      if (line == "kvfuse-calibration 2" || line == "kvfuse-calibration 3") version = line.back() - '0';
+      else fail("not a kvfuse calibration file of version 2 or 3");
       continue;
     }
     std::string a, b;
@@ -182,6 +202,10 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
                          budget.min_top1_agreement));
     } else if (tag == "samples" && words >> a) {
       if (hex(a) != samples_hash) fail("calibrated on other sample prompts");
+    } else if (tag == "chunk-context" && version == 3 && !context && words >> a) {
+      if (a != chunk_context)
+        fail(fmt::format("calibrated with chunk caches behind chunk context '{}' (asked for '{}')", a, chunk_context));
+      context = a;
     } else if (tag == "naive") {
       if (!(words >> c.naive.recompute_fraction >> c.naive.kl_answer_mean >> c.naive.top1_agreement))
         fail("naive needs <recomputed> <KL> <top-1>");
@@ -208,6 +232,10 @@ inline void save_calibration(const std::filesystem::path& path, const Calibratio
   if (number == 0) fail("empty file");
   if (!ended) fail("no chosen / refused record (truncated file?)");
   if (c.family.empty() || c.points.empty() || !has_naive) fail("no family, no naive record or no points");
+  if (version == 2 && chunk_context != "none")  // version 2 measured caches computed alone
+    fail(fmt::format("a version 2 file, calibrated on chunk caches computed alone (asked for chunk context '{}')",
+                     chunk_context));
+  if (version == 3 && !context) fail("no chunk-context record");
   c.budget.validate();
   if (c.chosen) (void)parse_method(*c.chosen);
   return c;

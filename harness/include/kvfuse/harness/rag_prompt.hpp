@@ -32,11 +32,14 @@ struct RagPrompt {
   std::vector<token_id> tokens;
   std::vector<TokenRange> segments;
 
-  // System prompt and passages as the reusable chunks (all marked cached), the last segment as the query.
-  [[nodiscard]] PromptLayout layout() const {
+  // The passages as reusable chunks (marked cached), the last segment as the query. The system turn is a cached
+  // chunk too, or, with system_context, the chunk context (PromptLayout::chunk_context): always computed, and
+  // the passages' caches are computed behind it, as kvfuse-server stores them.
+  [[nodiscard]] PromptLayout layout(bool system_context = false) const {
     PromptLayout l;
-    for (std::size_t i = 0; i + 1 < segments.size(); ++i) l.chunks.push_back({segments[i], true});
+    for (std::size_t i = 0; i + 1 < segments.size(); ++i) l.chunks.push_back({segments[i], !(system_context && i == 0)});
     l.query = segments.empty() ? TokenRange{} : segments.back();
+    if (system_context && segments.size() > 1) l.chunk_context = segments.front().end;
     return l;
   }
 };

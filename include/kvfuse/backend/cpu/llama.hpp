@@ -294,10 +294,10 @@ class CpuLlama {
   // Attention of the selected rows' queries q ([|sel|][q_dim], rotated) over layer `layer` of kv; writes
   // out ([|sel|][q_dim]), when `groups` is set the statistics, and when `query_mass` is set ([|sel|]) the
   // weight the entries `query` of sel put on each selected row, summed over them and over the heads (on a
-  // sliding-window layer, without the window: see below).
+  // sliding-window layer, without the window: see below), and into row_query_mass ([kv rows]) on every row.
   void attention(std::int64_t layer, const LlamaKVCache& kv, const TokenSet& sel, const RowMatrix& q, RowMatrix& out,
                  const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats,
-                 TokenRange query, std::vector<float>* query_mass) const;
+                 TokenRange query, std::vector<float>* query_mass, std::vector<float>* row_query_mass) const;
 
   // The layer loop of one request: run() is forward() over a batch of one, with the std::function policy and hook
   // of the single-request API adapted to StepHooks. Returns the logits of the last row of S_0 when `want_logits`.

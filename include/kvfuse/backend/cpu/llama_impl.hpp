@@ -280,7 +280,8 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
                                            const RowMatrix& q, RowMatrix& out,
                                            const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups,
                                            LayerAttention* stats, TokenRange query,
-                                           std::vector<float>* query_mass) const {
+                                           std::vector<float>* query_mass,
+                                           std::vector<float>* row_query_mass) const {
   using StridedMap = Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>>;
   const auto s = static_cast<std::int64_t>(sel.size());
   const std::int64_t hd = config_.head_dim;
@@ -434,13 +435,17 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
     }
   }
   if (query_mass != nullptr) {
-    query_mass->assign(static_cast<std::size_t>(s), 0.0f);
-    for (std::int64_t i = 0; i < s; ++i) {
-      const std::int64_t row = sel[static_cast<std::size_t>(i)];
+    const auto row_mass = [&](std::int64_t row) {
       double sum = 0.0;
       for (std::int64_t slot = 0; slot < n_head * query_blocks; ++slot)
         sum += head_query[static_cast<std::size_t>(slot * n_rows + row)];
-      (*query_mass)[static_cast<std::size_t>(i)] = static_cast<float>(sum);
+      return static_cast<float>(sum);
+    };
+    query_mass->assign(static_cast<std::size_t>(s), 0.0f);
+    for (std::int64_t i = 0; i < s; ++i) (*query_mass)[static_cast<std::size_t>(i)] = row_mass(sel[static_cast<std::size_t>(i)]);
+    if (row_query_mass != nullptr) {
+      row_query_mass->assign(static_cast<std::size_t>(n_rows), 0.0f);
+      for (std::int64_t r = 0; r < n_rows; ++r) (*row_query_mass)[static_cast<std::size_t>(r)] = row_mass(r);
     }
   }
 }
@@ -563,7 +568,7 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
 
   RowMatrix x, q, k, v, att, tmp, gate, up, q_item, att_item;
   std::vector<float> panels;  // project's dequantized weight panels
-  std::vector<float> k_dev, v_dev, query_mass;
+  std::vector<float> k_dev, v_dev, query_mass, row_query_mass;
   LayerAttention stats;
   TokenSet next;
   for (std::int64_t l = 0; l < config_.n_layer; ++l) {
@@ -647,14 +652,16 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
       const bool with_stats = item.needs.groups != nullptr;
       q_item = q.middleRows(a.offset, s);
       attention(l, kv, a.sel, q_item, att_item, with_stats ? &a.group_of_row : nullptr, a.num_groups,
-                with_stats ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass);
+                with_stats ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass,
+                query_rows.empty() ? nullptr : &row_query_mass);
       att.middleRows(a.offset, s) = att_item;
       item.selected_per_layer.push_back(s);
       if (!item.needs.after_layer) continue;
       next.clear();
       item.status = hooks.after_layer(
           it, LayerReport{l, a.sel, k_dev, v_dev, with_stats ? &stats : nullptr,
-                          query_rows.empty() ? std::span<const float>{} : std::span<const float>(query_mass)},
+                          query_rows.empty() ? std::span<const float>{} : std::span<const float>(query_mass),
+                          query_rows.empty() ? std::span<const float>{} : std::span<const float>(row_query_mass)},
           next);
       if (item.status != Status::success) {
         a.live = false;
