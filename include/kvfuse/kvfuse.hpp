@@ -37,6 +37,7 @@
 #include "kvfuse/select/focused_chunk_detector.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 #include "kvfuse/select/query_aware_selector.hpp"
+#include "kvfuse/select/query_probe_selector.hpp"
 
 #include "kvfuse/cache/variant_cache.hpp"
 

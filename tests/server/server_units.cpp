@@ -120,6 +120,26 @@ TEST_CASE("server: --method auto takes the calibrations of its own chunk context
   CHECK(why.find("no calibration cached for this model and chunk context 'system'") != std::string::npos);
 }
 
+TEST_CASE("server: a method the batched engine cannot run is refused by name") {
+  const auto refusal = [](std::string_view method, std::string_view engine) {
+    try {
+      (void)kvfuse_server::server_method(method, engine);
+    } catch (const kvfuse::error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(refusal("cacheblend@0.3", "cpu") == "(accepted)");
+  CHECK(refusal("attnlink@4", "llamacpp") == "(accepted)");
+  CHECK(refusal("cachecraft", "cpu").find("'cachecraft': Cache-Craft reuses stored in-context variants") !=
+        std::string::npos);
+  CHECK(refusal("queryprobe@0.3", "cpu").find("'queryprobe@0.3': QueryProbe runs a probe pass") != std::string::npos);
+  CHECK(refusal("prefix", "cpu").find("'prefix': the server stores chunk caches only") != std::string::npos);
+  CHECK(refusal("cacheblend@auto", "cpu").find("loading controller") != std::string::npos);
+  CHECK(refusal("queryaware", "llamacpp").find("'queryaware': it changes the recomputed rows per layer") !=
+        std::string::npos);
+}
+
 TEST_CASE("server: an incomplete UTF-8 tail is held back") {
   CHECK(kvfuse_server::incomplete_utf8_tail("abc") == 0);
   CHECK(kvfuse_server::incomplete_utf8_tail("caf\xC3") == 1);
