@@ -417,6 +417,24 @@ def check_fidelity_chunk_context(root):
         page.compare(f"| {label}: probe, chunk caches |", f"fidelity.md, chunk context ({label})", expected)
 
 
+def check_fidelity_queryprobe(root):
+    """docs/fidelity.md, "QueryProbe": per method and chunk-cache layout, results.json's means
+    (results/queryprobe-2026-11-28/)."""
+    d = root / "docs/results/queryprobe-2026-11-28"
+    expected = {}
+    for cc, label in (("system", "behind system"), ("none", "alone")):
+        r = load_json(d / cc / "results.json")
+        if r["chunk_context"] != cc:
+            problem("docs/fidelity.md", 1, f"queryprobe: {cc}/results.json says chunk_context {r['chunk_context']}")
+        for m, v in r["methods"].items():
+            if m == "full":
+                continue
+            expected[f"{m}, {label}"] = [f"{v['recompute_fraction']:.3f}", f"{v['ttft_ratio_vs_full']:.3f}",
+                                         f"{v['kl_answer_mean']:.4f}", f"{v['top1_answer_agreement']:.3f}",
+                                         f"{v['gap_closed']:.3f}"]
+    Page(root, "docs/fidelity.md").compare("| method, chunk caches | recomputed |", "fidelity.md, queryprobe", expected)
+
+
 def check_server_chunk_context(root):
     """docs/server.md, "Chunk caches behind the system turn": per cell of results/server-2026-11-28/, the arms'
     figures from summary.json and the warm requests' exact matches from the two arms' answers."""
@@ -571,7 +589,7 @@ def main():
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
-              lambda: check_server_auto_calibration(root),
+              lambda: check_server_auto_calibration(root), lambda: check_fidelity_queryprobe(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
