@@ -98,9 +98,13 @@ struct Calibration {
   // Gemma 3 (docs/results.md), mixed with the KV deviation it does.
   if (family == "queryaware") return {"queryaware@0.05:0.5", "queryaware@0.1:0.5", "queryaware@0.15:0.5",
                                       "queryaware@0.2:0.5", "queryaware@0.3:0.5", "queryaware@0.5:0.5"};
+  // QueryProbe's r, as CacheBlend's (docs/fidelity.md: it closes more of naive reuse's gap at equal recompute).
+  if (family == "queryprobe") return {"queryprobe@0.05", "queryprobe@0.1", "queryprobe", "queryprobe@0.2",
+                                      "queryprobe@0.3", "queryprobe@0.5"};
   if (family == "attnlink") return {"attnlink@1", "attnlink@4", "attnlink", "attnlink@32", "attnlink@64"};
   if (family == "cachecraft") return {"cachecraft@0.25", "cachecraft@0.5", "cachecraft", "cachecraft@2", "cachecraft@4"};
-  throw error(fmt::format("calibration: unknown method family '{}' (cacheblend, queryaware, attnlink, cachecraft; "
+  throw error(fmt::format("calibration: unknown method family '{}' (cacheblend, queryaware, queryprobe, attnlink, "
+                          "cachecraft; "
                           "full, prefix and naive have no setting to calibrate)",
                           family));
 }
