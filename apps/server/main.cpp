@@ -6,7 +6,7 @@
 //
 //   kvfuse-server [--model smollm2|gemma3|qwen2|GGUF] [--engine cpu|llamacpp]
 //                 [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]
-//                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]
+//                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]|queryprobe[@r]]
 //                 [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]
 //                 [--max-running 16|4] [--max-body-bytes 4194304] [--max-tokens-default 256] [--region-cells 2048]
 //                 [--chunk-context system|none]
@@ -22,8 +22,9 @@
 // --store: memory (default); a directory: memory over a DiskKVStore there; a Redis URI: memory over Redis, shared
 //   by every server on it. New chunk caches are written through to every tier.
 // --method: each request's fusion method unless the request names one (the extension field kvfuse.method). auto
-//   (default): of the CacheBlend, AttnLink and QueryAware settings the per-model correctness gate admitted for this
-//   model (kvfuse-rag-eval --calibrated caches them under <kvfuse cache>/calibration, default budget) with the
+//   (default): of the CacheBlend, AttnLink, QueryAware and QueryProbe settings the per-model correctness gate
+//   admitted for this model (kvfuse-rag-eval --calibrated caches them under <kvfuse cache>/calibration, default
+//   budget) with the
 //   server's --chunk-context (kvfuse-rag-eval --chunk-context), the one that recomputes least; CacheBlend's
 //   r = 15 % when no such calibration is cached; full prefill when the gate refused
 //   every family it measured. On --engine llamacpp, auto considers AttnLink only (the gate's calibration of the
@@ -114,7 +115,8 @@ struct Options {
 constexpr std::string_view kUsage =
     "usage: kvfuse-server [--model smollm2|gemma3|qwen2|GGUF] [--engine cpu|llamacpp]\n"
     "                     [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]\n"
-    "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]]\n"
+    "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]|\n"
+    "                               queryprobe[@r]]\n"
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
     "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"
     "                     [--max-tokens-default 256] [--memory-bytes 2147483648] [--region-cells 2048]\n"

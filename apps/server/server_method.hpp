@@ -27,18 +27,15 @@ namespace kvfuse_server {
 inline kvfuse::FusionMethod server_method(std::string_view text, std::string_view engine) {
   const kvfuse::FusionMethod m = kvfuse::parse_method(text);
   kvfuse::require(engine != "llamacpp" || !(std::holds_alternative<kvfuse::CacheBlend>(m) ||
-                                            std::holds_alternative<kvfuse::QueryAware>(m)),
+                                            std::holds_alternative<kvfuse::QueryAware>(m) ||
+                                            std::holds_alternative<kvfuse::QueryProbe>(m)),
                   "fusion method '{}': it changes the recomputed rows per layer, which one llama_decode per step "
                   "cannot (--engine llamacpp runs full, naive and attnlink)",
                   text);
   kvfuse::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
                           "fusion method '{}': Cache-Craft reuses stored in-context variants, which the batched "
-                          "connector does not keep; use cacheblend, attnlink, queryaware, naive or full",
+                          "connector does not keep; use cacheblend, attnlink, queryaware, queryprobe, naive or full",
                           text);
-  kvfuse::require(!std::holds_alternative<kvfuse::QueryProbe>(m),
-                  "fusion method '{}': QueryProbe runs a probe pass and then a second prefill over the same KV, "
-                  "which the batched engine's step loop does not",
-                  text);
   kvfuse::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
                           "fusion method '{}': the server stores chunk caches only, no prefix entries", text);
   const auto* blend = std::get_if<kvfuse::CacheBlend>(&m);
@@ -50,7 +47,7 @@ inline kvfuse::FusionMethod server_method(std::string_view text, std::string_vie
 }
 
 // --method auto: the per-model correctness gate's choice (fusion/calibration.hpp) among the families the engine
-// runs (CPU: CacheBlend, AttnLink, QueryAware; llama.cpp: AttnLink): per family the newest calibration
+// runs (CPU: CacheBlend, AttnLink, QueryAware, QueryProbe; llama.cpp: AttnLink): per family the newest calibration
 // kvfuse-rag-eval --calibrated cached for this model at the default budget and measured with chunk caches behind
 // the server's chunk context (a calibration of caches computed alone says nothing of caches behind the system
 // turn, and the other way round), then the admitted setting that recomputes least (cheapest_admitted).
@@ -62,7 +59,7 @@ inline kvfuse::FusionMethod auto_method(const std::filesystem::path& dir, std::u
   std::vector<std::string> read;
   const std::vector<std::string> families =
       engine == "llamacpp" ? std::vector<std::string>{"attnlink"}
-                           : std::vector<std::string>{"cacheblend", "attnlink", "queryaware"};
+                           : std::vector<std::string>{"cacheblend", "attnlink", "queryaware", "queryprobe"};
   for (const std::string& family : families) {
     const std::string prefix = fmt::format("{:016x}-{}-", fingerprint, family);
     std::vector<fs::path> files;

@@ -57,7 +57,8 @@ python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["chunk_
 python3 - "$out/system/results.json" "$out/results.json" <<'PY'
 import json, sys
 behind, alone = (json.load(open(p)) for p in sys.argv[1:])
-assert behind["chunk_context"] == "system" and alone["chunk_context"] == "none", (behind["chunk_context"], alone["chunk_context"])
+assert (behind["chunk_context"], alone["chunk_context"]) == ("system", "none"), (behind["chunk_context"],
+                                                                             alone["chunk_context"])
 assert behind["chunk_caches_computed"] == 2, behind["chunk_caches_computed"]  # the 2 passages
 naive_behind, naive_alone = behind["methods"]["naive"], alone["methods"]["naive"]
 assert naive_behind["recompute_fraction"] > naive_alone["recompute_fraction"], (naive_behind, naive_alone)

@@ -133,7 +133,9 @@ TEST_CASE("server: a method the batched engine cannot run is refused by name") {
   CHECK(refusal("attnlink@4", "llamacpp") == "(accepted)");
   CHECK(refusal("cachecraft", "cpu").find("'cachecraft': Cache-Craft reuses stored in-context variants") !=
         std::string::npos);
-  CHECK(refusal("queryprobe@0.3", "cpu").find("'queryprobe@0.3': QueryProbe runs a probe pass") != std::string::npos);
+  CHECK(refusal("queryprobe@0.3", "cpu") == "(accepted)");
+  CHECK(refusal("queryprobe@0.3", "llamacpp").find("'queryprobe@0.3': it changes the recomputed rows per layer") !=
+        std::string::npos);
   CHECK(refusal("prefix", "cpu").find("'prefix': the server stores chunk caches only") != std::string::npos);
   CHECK(refusal("cacheblend@auto", "cpu").find("loading controller") != std::string::npos);
   CHECK(refusal("queryaware", "llamacpp").find("'queryaware': it changes the recomputed rows per layer") !=

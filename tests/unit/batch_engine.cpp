@@ -244,7 +244,8 @@ TEST_CASE("CpuBatchEngine: batched requests give the tokens of each request alon
   ProbeStore store;
   store_chunk_caches(model, store);
   const std::vector<Prompt> ps = prompts();
-  for (const std::string method : {"full", "naive", "cacheblend", "cacheblend@1", "attnlink", "queryaware@0.15:0.5"}) {
+  for (const std::string method :
+       {"full", "naive", "cacheblend", "cacheblend@1", "attnlink", "queryaware@0.15:0.5", "queryprobe@0.5"}) {
     CAPTURE(method);
     std::vector<std::pair<int, GenerationRequest>> all;
     for (const Prompt& p : ps) all.emplace_back(0, request_of(p, method, 5));
@@ -547,7 +548,7 @@ TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer
     FusionPipeline pipeline(engine, store);
     for (const Prompt& p : ps) pipeline.store_chunk_caches(p.tokens, p.layout);
   }
-  for (const std::string method : {"naive", "cacheblend", "attnlink"}) {
+  for (const std::string method : {"naive", "cacheblend", "attnlink", "queryprobe"}) {
     CAPTURE(method);
     CpuBatchEngine<ProbeStore> engine(model, store);
     const auto got = serve(engine, {{0, request_of(ps[0], method, 4)}, {0, request_of(ps[1], method, 4)}});

@@ -177,7 +177,9 @@ TEST_CASE("calibration files: round trip, and a corrupt, truncated or foreign fi
             .find("calibrated for another model") != std::string::npos);
   CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "cacheblend", budget, 99, "none"); })
             .find("calibrates another family") != std::string::npos);
-  CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", CalibrationBudget{0.1, 0.95}, 99, "none"); })
+  CHECK(error_of([&] {
+          (void)eval::load_calibration(path, 0x1234, "attnlink", CalibrationBudget{0.1, 0.95}, 99, "none");
+        })
             .find("another budget") != std::string::npos);
   CHECK(error_of([&] { (void)eval::load_calibration(path, 0x1234, "attnlink", budget, 98, "none"); })
             .find("other sample prompts") != std::string::npos);

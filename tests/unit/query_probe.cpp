@@ -1,7 +1,7 @@
 // QueryProbe: the selector's layer fusion and order, the engine's report of the query's attention on every row,
 // and the two passes through the one loop (FusionPipeline on the CPU backend): r = 1 is full prefill, r = 0 is
-// naive reuse, both bit for bit; engines driving their own step loop refuse it. The small random-weights Llama of
-// the other fusion tests.
+// naive reuse, both bit for bit; FusionConnector hands an engine's step loop the second pass (CpuBatchEngine ==
+// FusionPipeline alone: tests/unit/batch_engine.cpp). The small random-weights Llama of the other fusion tests.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -111,7 +111,7 @@ TEST_CASE("CpuLlama reports the query's attention on every row: |query| x heads 
   for (const std::vector<float>& m : all) CHECK(m.empty());
 }
 
-TEST_CASE("queryprobe: r = 1 is full prefill and r = 0 naive reuse, bit for bit; the second pass adds round(r x reused)") {
+TEST_CASE("queryprobe: r = 1 is full prefill and r = 0 naive reuse, bit for bit; the second pass adds r x reused") {
   const CpuLlama model = small_llama();
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   const auto n = static_cast<std::int64_t>(p.tokens.size());
@@ -158,21 +158,47 @@ TEST_CASE("queryprobe: r = 1 is full prefill and r = 0 naive reuse, bit for bit;
   CHECK(probe.logits != full.logits);
 }
 
-TEST_CASE("FusionConnector refuses a QueryProbe plan: an engine's step loop runs one pass a request") {
+TEST_CASE("FusionConnector::second_pass: the rows QueryProbe's probe chose, after its last layer and not before") {
   const CpuLlama model = small_llama();
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
   InMemoryKVStore store;
   CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
+  pipeline.store_chunk_caches(p.tokens, p.layout);
   FusionConnector connector(store, engine_shape(engine));
-  const FusionMethod method = parse_method("queryprobe");
+  const FusionMethod method = parse_method("queryprobe@0.5");
   const FusionPlan plan = connector.plan(1, p.tokens, p.layout, method);
   CHECK(plan.two_pass);
-  CHECK(connector.start(plan, method) == Status::unsupported);
-  CHECK(std::string(last_status_message()).find("'queryprobe' runs a probe pass") != std::string::npos);
-  // One pass is still fine on the same connector.
+  REQUIRE(connector.start(plan, method) == Status::success);
+  TokenSet rows;
+  CHECK(connector.second_pass(1, rows) == Status::invalid_argument);
+  CHECK(std::string(last_status_message()).find("has not run the last layer of its probe pass") != std::string::npos);
+  // The probe pass as an engine runs it: the loaded layers installed, the connector's policy after every layer.
+  engine.begin(p.tokens);
+  for (const ChunkPlan& c : plan.chunks) {
+    if (c.source != KVSource::isolated) continue;
+    engine.load_rows(c.range, *store.get(c.key));
+    engine.shift_rows(c.range, c.shift());
+  }
+  const SelectionPolicy next = [&](const LayerReport& r) {
+    TokenSet s;
+    REQUIRE(connector.after_layer(1, r, s) == Status::success);
+    return s.empty() ? r.selected : s;
+  };
+  (void)engine.prefill(plan.initial, next, StatisticsRequest{nullptr, plan.layout.query});
+  REQUIRE(connector.second_pass(1, rows) == Status::success);
+  // The naive rows and half the reused ones: what FusionPipeline's own two passes recompute.
+  const FusionResult alone = pipeline.run(p.tokens, p.layout, method);
+  CHECK(static_cast<std::int64_t>(rows.size()) ==
+        alone.selected_per_layer.front() - static_cast<std::int64_t>(plan.initial.size()));
+  CHECK(std::includes(rows.begin(), rows.end(), plan.initial.begin(), plan.initial.end()));
+  connector.finish_and_wait(1);
+  // A one-pass plan has no second pass.
   const FusionPlan naive = connector.plan(2, p.tokens, p.layout, NaiveReuse{});
   CHECK(!naive.two_pass);
-  CHECK(connector.start(naive, NaiveReuse{}) == Status::success);
+  REQUIRE(connector.start(naive, NaiveReuse{}) == Status::success);
+  CHECK(connector.second_pass(2, rows) == Status::invalid_argument);
+  CHECK(std::string(last_status_message()).find("has a one-pass plan") != std::string::npos);
   connector.finish_and_wait(2);
 }
 

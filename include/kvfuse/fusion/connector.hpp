@@ -18,6 +18,9 @@
 //                                              timed-out read (vLLM: wait_for_layer_load)
 //   after_layer(request, report, next)       -> Status: S_{l+1} from the statistics the plan named (CacheBlend's
 //                                              gradual filtering, QueryAware, Cache-Craft's focus termination)
+//   second_pass(request, rows)               -> Status: after the last layer of a two-pass plan (FusionPlan::two_pass,
+//                                              QueryProbe), the rows the engine then recomputes on every layer over
+//                                              the same KV, a fixed set without hooks, whose logits are the result
 //   failure(request)                         -> ReadFailure: after a failed read, why and which chunks
 //   recover(request)                         -> FusionPlan: after a failed read, the plan with the failed chunks
 //                                              computed instead; start it again (only this request's rows change)
@@ -165,8 +168,7 @@ class FusionConnector {
   }
 
   // Registers the request of `plan` and starts reading its entries (every chunk not computed, with bytes to read).
-  // unsupported for a two-pass plan (QueryProbe: FusionPipeline only); invalid_argument (last_status_message names
-  // it) for a request already started, a plan of another shape or
+  // invalid_argument (last_status_message names it) for a request already started, a plan of another shape or
   // settings that do not fit it.
   Status start(const FusionPlan& plan, const FusionMethod& method, LoadStart settings = {}) {
     auto r = std::make_shared<Request>();
@@ -178,11 +180,6 @@ class FusionConnector {
       return refuse(Status::invalid_argument, "FusionConnector::start: request %llu: L_p = %lld, timeout %g ms",
                     static_cast<unsigned long long>(plan.request_id), static_cast<long long>(settings.preload_depth),
                     r->timeout_ms);
-    if (plan.two_pass)
-      return refuse(Status::unsupported,
-                    "FusionConnector::start: request %llu: '%s' runs a probe pass and then a second prefill over the "
-                    "same KV, which FusionPipeline drives and an engine's step loop does not",
-                    static_cast<unsigned long long>(plan.request_id), plan.method.c_str());
     try {
       r->schedule = layer_schedule(plan, method, shape_.num_layers);
     } catch (const error& e) {
@@ -295,6 +292,20 @@ class FusionConnector {
       return refuse(e.code(), "FusionConnector::after_layer: request %llu, layer %lld: %s",
                     static_cast<unsigned long long>(request), static_cast<long long>(report.layer), e.what());
     }
+    return Status::success;
+  }
+
+  // After the last layer of a two-pass plan (FusionPlan::two_pass): the rows of its second pass into `rows`.
+  // invalid_argument for a request not started, a one-pass plan, or a probe pass whose last layer has not run.
+  Status second_pass(std::uint64_t request, TokenSet& rows) const {
+    std::shared_ptr<Request> r = find(request);
+    if (!r || !r->schedule.second_pass || !r->schedule.second_pass->has_value())
+      return refuse(Status::invalid_argument,
+                    "FusionConnector::second_pass: request %llu %s", static_cast<unsigned long long>(request),
+                    !r                          ? "has not started"
+                    : !r->schedule.second_pass ? "has a one-pass plan"
+                                                : "has not run the last layer of its probe pass");
+    rows = **r->schedule.second_pass;
     return Status::success;
   }
 

@@ -34,10 +34,10 @@
 // KV deviation (λ = 0.5, "queryaware@0.15:0.5") about as much as CacheBlend's selection.
 //
 // Names: method_name() gives "full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware",
-// "queryprobe" for the default settings (r = 0.15, k = 16, alpha = 1, lambda = 1) and "name@value" otherwise ("cacheblend@auto":
-// the loading controller picks r). QueryAware takes r and the mix lambda: "queryaware@0.2" (lambda = 1),
-// "queryaware@0.15:0.5" (r = 0.15, lambda = 0.5; lambda is written only when it is not 1). parse_method() reads
-// every one of these.
+// "queryprobe" for the default settings (r = 0.15, k = 16, alpha = 1, lambda = 1) and "name@value" otherwise
+// ("cacheblend@auto": the loading controller picks r). QueryAware takes r and the mix lambda: "queryaware@0.2"
+// (lambda = 1), "queryaware@0.15:0.5" (r = 0.15, lambda = 0.5; lambda is written only when it is not 1); QueryProbe
+// r: "queryprobe@0.3". parse_method() reads every one of these.
 
 #include <algorithm>
 #include <charconv>
@@ -278,8 +278,8 @@ struct FusionPlan {
   PromptLayout layout;            // the prompt's layout with cached = (source != compute)
   TokenSet initial;               // S_0
   bool per_layer = false;         // S_l changes per layer: the engine calls the policy after every layer
-  // QueryProbe: S_0 .. S_{L-1} is a probe pass; a second prefill of the rows it chose follows (FusionPipeline runs
-  // both; FusionConnector refuses such a plan, as engines driving their own step loop run one pass a request).
+  // QueryProbe: S_0 .. S_{L-1} is a probe pass; a second prefill of the rows it chose follows, over the same KV
+  // (FusionPipeline runs both; an engine with its own step loop gets the rows from FusionConnector::second_pass).
   bool two_pass = false;
   StatisticsNeeds statistics;     // what that policy reads
 

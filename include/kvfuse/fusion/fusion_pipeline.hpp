@@ -23,9 +23,10 @@
 //                                       method's S_l (layer_schedule) -> logits, timed; the KV stays in the engine
 //
 // Layer-pipelined loading (LoadConfig::layerwise, on by default; needs a LayerwiseFusionBackend engine and a
-// RangedKVStore; not for QueryProbe, whose two passes over the same KV load it whole first): the entries are read a layer at a time while the engine computes, L_p layers ahead (Cache-Craft
-// §3.4.2, Algorithm 2; entry_loader.hpp). L_p is eq. 16 on the load and compute times per layer measured on the
-// previous layer-pipelined run (load_control.hpp; 1 before any run; LoadConfig::preload_depth fixes it). The bytes
+// RangedKVStore; not for QueryProbe, whose two passes over the same KV load it whole first): the entries are read
+// a layer at a time while the engine computes, L_p layers ahead (Cache-Craft §3.4.2, Algorithm 2; entry_loader.hpp).
+// L_p is eq. 16 on the load and compute times per layer measured on the previous layer-pipelined run
+// (load_control.hpp; 1 before any run; LoadConfig::preload_depth fixes it). The bytes
 // installed are those of a whole-block load, so the result is the same bit for bit; the trace (FusionResult::load)
 // records per layer the read, the wait, the install and the compute. A layer read that fails or times out
 // (LoadConfig::layer_timeout_ms) stops the prefill, which runs again without that entry.

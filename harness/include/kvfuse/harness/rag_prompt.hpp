@@ -37,7 +37,8 @@ struct RagPrompt {
   // the passages' caches are computed behind it, as kvfuse-server stores them.
   [[nodiscard]] PromptLayout layout(bool system_context = false) const {
     PromptLayout l;
-    for (std::size_t i = 0; i + 1 < segments.size(); ++i) l.chunks.push_back({segments[i], !(system_context && i == 0)});
+    for (std::size_t i = 0; i + 1 < segments.size(); ++i)
+      l.chunks.push_back({segments[i], !(system_context && i == 0)});
     l.query = segments.empty() ? TokenRange{} : segments.back();
     if (system_context && segments.size() > 1) l.chunk_context = segments.front().end;
     return l;

@@ -10,7 +10,7 @@
 // TokenBudgetScheduler splits the token budget (Cake §3, §5.4) — one row to every decoding request first, then
 // prefills in arrival order: a full-prefill request takes the budget in chunks (chunked prefill), a fusion
 // request's partial prefill (|S_0| rows; its S_l shrink on later layers) runs whole in one step, when the budget
-// left holds it or nothing else is in the step; last, what is left goes to the Cake requests' compute sides,
+// left holds it or nothing else is in the step (a two-pass plan's second pass, QueryProbe, the same in a later step); last, what is left goes to the Cake requests' compute sides,
 // each computing from the front up to where its loads are (Cake §4, appendix B; with BatchEngineConfig::cake_speeds
 // at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a Cake request's two sides
 // met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
@@ -262,6 +262,19 @@ class CpuBatchEngine {
       }
       if (a.tokens < r.prefill_cost() && prefill_in_step) continue;  // runs whole, in a later step
       prefill_in_step = true;
+      if (r.second) {  // a two-pass plan's second pass: its rows on every layer over the KV of the first, no hooks
+        BatchItem item;
+        item.kv = &r.fusion.kv();
+        item.rows = *r.second;
+        r.initial_tokens.resize(item.rows.size());
+        for (std::size_t i = 0; i < item.rows.size(); ++i)
+          r.initial_tokens[i] = r.request.tokens[static_cast<std::size_t>(item.rows[i])];
+        item.tokens = r.initial_tokens;
+        items_.push_back(std::move(item));
+        roles_.push_back({a.id, Role::second_pass});
+        stats_.prefill_rows += static_cast<std::int64_t>(r.second->size());
+        continue;
+      }
       // Reused chunks the store lacks: their caches, alone (or behind the layout's chunk context).
       const std::int64_t context_rows = r.request.layout.chunk_context;
       const auto context = slice(r.request.tokens, {0, context_rows});
@@ -358,8 +371,21 @@ class CpuBatchEngine {
       }
       if (role.kind == Role::fusion) {
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
+        if (r.plan.two_pass) {  // the second pass runs in a later step; its logits are the first token's
+          TokenSet rows;
+          const Status s = connector_.second_pass(role.id, rows);
+          connector_.finish(role.id);
+          if (s != Status::success) {
+            fail(r, s, last_status_message(), events);
+          } else {
+            r.second = std::move(rows);
+          }
+          continue;
+        }
         connector_.finish(role.id);
       }
+      if (role.kind == Role::second_pass)
+        for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
       if (r.phase == Phase::prefill) {
         r.phase = Phase::decode;
         r.metrics.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - r.submitted).count();
@@ -390,6 +416,7 @@ class CpuBatchEngine {
     std::int64_t prefilled = 0;        // full prefill: rows computed (or, for a Cake request, installed) so far
     bool cake = false;                 // a Cake request whose two sides have not met yet
     std::vector<token_id> initial_tokens;
+    std::optional<TokenSet> second;    // a two-pass plan after its probe pass: the rows of the second pass
     std::mt19937_64 rng;
     token_id last = 0;
     std::int64_t selected_rows = 0;
@@ -399,13 +426,14 @@ class CpuBatchEngine {
     [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(request.tokens.size()); }
     [[nodiscard]] bool is_full() const noexcept { return std::holds_alternative<FullRecompute>(request.method); }
     [[nodiscard]] std::int64_t prefill_cost() const noexcept {
-      return is_full() ? num_tokens() - prefilled : static_cast<std::int64_t>(plan.initial.size());
+      if (is_full()) return num_tokens() - prefilled;
+      return static_cast<std::int64_t>(second ? second->size() : plan.initial.size());
     }
   };
 
   struct Role {
     std::uint64_t id = 0;
-    enum Kind { decode, chunked, fusion, chunk_cache, cake } kind = decode;
+    enum Kind { decode, chunked, fusion, second_pass, chunk_cache, cake } kind = decode;
   };
 
   // The engine's side of the per-layer hooks: fusion items wait for their loaded layer and install it, and hand

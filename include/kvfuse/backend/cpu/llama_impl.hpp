@@ -442,7 +442,8 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
       return static_cast<float>(sum);
     };
     query_mass->assign(static_cast<std::size_t>(s), 0.0f);
-    for (std::int64_t i = 0; i < s; ++i) (*query_mass)[static_cast<std::size_t>(i)] = row_mass(sel[static_cast<std::size_t>(i)]);
+    for (std::int64_t i = 0; i < s; ++i)
+      (*query_mass)[static_cast<std::size_t>(i)] = row_mass(sel[static_cast<std::size_t>(i)]);
     if (row_query_mass != nullptr) {
       row_query_mass->assign(static_cast<std::size_t>(n_rows), 0.0f);
       for (std::int64_t r = 0; r < n_rows; ++r) (*row_query_mass)[static_cast<std::size_t>(r)] = row_mass(r);
