@@ -432,7 +432,13 @@ def check_fidelity_queryprobe(root):
             expected[f"{m}, {label}"] = [f"{v['recompute_fraction']:.3f}", f"{v['ttft_ratio_vs_full']:.3f}",
                                          f"{v['kl_answer_mean']:.4f}", f"{v['top1_answer_agreement']:.3f}",
                                          f"{v['gap_closed']:.3f}"]
-    Page(root, "docs/fidelity.md").compare("| method, chunk caches | recomputed |", "fidelity.md, queryprobe", expected)
+    page = Page(root, "docs/fidelity.md")
+    page.compare("| method, chunk caches | recomputed |", "fidelity.md, queryprobe", expected)
+    gemma = load_json(d / "gemma3-system" / "results.json")
+    page.compare("| Gemma 3 behind the system turn: method |", "fidelity.md, queryprobe, Gemma 3",
+                 {m: [f"{v['recompute_fraction']:.3f}", f"{v['ttft_ratio_vs_full']:.3f}", f"{v['kl_answer_mean']:.4f}",
+                      f"{v['top1_answer_agreement']:.3f}", f"{v['gap_closed']:.3f}"]
+                  for m, v in gemma["methods"].items() if m != "full"})
 
 
 def check_server_chunk_context(root):
