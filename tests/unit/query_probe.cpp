@@ -158,6 +158,19 @@ TEST_CASE("queryprobe: r = 1 is full prefill and r = 0 naive reuse, bit for bit;
   CHECK(probe.logits != full.logits);
 }
 
+TEST_CASE("queryprobe with nothing stored: no second pass, the probe pass is full prefill, bit for bit") {
+  const CpuLlama model = small_llama();
+  const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);
+  InMemoryKVStore store;  // empty: every chunk computed
+  CpuLlamaFusion engine(model);
+  FusionPipeline pipeline(engine, store);
+  const FusionResult full = pipeline.run(p.tokens, p.layout, FullRecompute{});
+  const FusionResult probe = pipeline.run(p.tokens, p.layout, parse_method("queryprobe@0.5"));
+  CHECK(probe.plan.two_pass);
+  CHECK(probe.recompute_fraction == 1.0);  // one pass of every row, not two
+  CHECK(probe.logits == full.logits);
+}
+
 TEST_CASE("FusionConnector::second_pass: the rows QueryProbe's probe chose, after its last layer and not before") {
   const CpuLlama model = small_llama();
   const Prompt p = assemble({kSystem, kA, kB, kC}, kQuery);

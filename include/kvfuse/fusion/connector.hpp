@@ -21,6 +21,7 @@
 //   second_pass(request, rows)               -> Status: after the last layer of a two-pass plan (FusionPlan::two_pass,
 //                                              QueryProbe), the rows the engine then recomputes on every layer over
 //                                              the same KV, a fixed set without hooks, whose logits are the result
+//                                              (none: the probe pass's logits are)
 //   failure(request)                         -> ReadFailure: after a failed read, why and which chunks
 //   recover(request)                         -> FusionPlan: after a failed read, the plan with the failed chunks
 //                                              computed instead; start it again (only this request's rows change)

@@ -310,8 +310,10 @@ class FusionPipeline {
         detail::require(schedule.second_pass->has_value(),
                         "FusionPipeline: method '{}' ended its probe pass before the last layer", plan.method);
         const TokenSet& rows = **schedule.second_pass;
-        logits = backend_->prefill(rows);
-        for (std::int64_t& n : out.selected_per_layer) n += static_cast<std::int64_t>(rows.size());
+        if (!rows.empty()) {
+          logits = backend_->prefill(rows);
+          for (std::int64_t& n : out.selected_per_layer) n += static_cast<std::int64_t>(rows.size());
+        }
       }
     } else {
       throw error(fmt::format("FusionPipeline: method '{}' changes the recomputed set per layer, which this "

@@ -53,7 +53,8 @@ struct LayerSchedule {
   bool needs_query_mass = false;   // `next` reads LayerReport::query_mass (query = the plan's layout.query)
   // Cache-Craft focus termination: Algorithm 1's decision (L*, F* as layout chunk indices) once it is made.
   std::shared_ptr<std::optional<FocusDecision>> focus = std::make_shared<std::optional<FocusDecision>>();
-  // QueryProbe: the rows of the second pass, set by `next` after the probe's last layer; null for one pass.
+  // QueryProbe: the rows of the second pass, set by `next` after the probe's last layer (empty when it chose no
+  // row: nothing reused, or r = 0; the probe pass is then the result); null for one pass.
   std::shared_ptr<std::optional<TokenSet>> second_pass;
 
   // Whether one fixed set serves every layer (no per-layer feedback needed).
@@ -189,11 +190,12 @@ inline SelectionPolicy focus_termination(const FusionPlan& plan, const CacheCraf
                    s.second_pass = std::make_shared<std::optional<TokenSet>>();
                    s.next = [selector, second = s.second_pass, naive = s.initial, num_layers](const LayerReport& r) {
                      selector->observe(r.layer, r.row_query_mass);
-                     if (r.layer + 1 == num_layers) {
+                     if (r.layer + 1 == num_layers) {  // none chosen: the probe pass is the result
                        TokenSet rows;
                        const TokenSet chosen = selector->select();
-                       std::set_union(naive.begin(), naive.end(), chosen.begin(), chosen.end(),
-                                      std::back_inserter(rows));
+                       if (!chosen.empty())
+                         std::set_union(naive.begin(), naive.end(), chosen.begin(), chosen.end(),
+                                        std::back_inserter(rows));
                        *second = std::move(rows);
                      }
                      return r.selected;

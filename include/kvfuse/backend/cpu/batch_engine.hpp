@@ -371,18 +371,17 @@ class CpuBatchEngine {
       }
       if (role.kind == Role::fusion) {
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
-        if (r.plan.two_pass) {  // the second pass runs in a later step; its logits are the first token's
-          TokenSet rows;
-          const Status s = connector_.second_pass(role.id, rows);
-          connector_.finish(role.id);
-          if (s != Status::success) {
-            fail(r, s, last_status_message(), events);
-          } else {
-            r.second = std::move(rows);
-          }
+        TokenSet rows;  // a two-pass plan's second pass, run in a later step; none: the probe's logits are the result
+        const Status s = r.plan.two_pass ? connector_.second_pass(role.id, rows) : Status::success;
+        connector_.finish(role.id);
+        if (s != Status::success) {
+          fail(r, s, last_status_message(), events);
           continue;
         }
-        connector_.finish(role.id);
+        if (!rows.empty()) {
+          r.second = std::move(rows);
+          continue;
+        }
       }
       if (role.kind == Role::second_pass)
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
