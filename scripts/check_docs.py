@@ -478,6 +478,23 @@ def check_server_auto_calibration(root):
     Page(root, "docs/server.md").compare("| setting | behind the system turn", "server.md, auto calibration", expected)
 
 
+def check_server_queryprobe(root):
+    """docs/server.md, "QueryProbe in the server": per cell of results/server-queryprobe-2026-11-28/, the arms' figures
+    from summary.json and the warm requests' exact matches from the two arms' answers."""
+    d = root / "docs/results/server-queryprobe-2026-11-28"
+    expected = {}
+    for method in ("cacheblend", "queryprobe", "queryprobe@0.3"):
+        s = load_json(d / method / "summary.json")
+        k, full = load_json(d / method / "run-1/kvfuse.json"), load_json(d / method / "run-1/kvfuse-full.json")
+        warm = sum(a == b for a, b in list(zip(k["answers"], full["answers"]))[8:])
+        expected[f"`{method}`"] = [
+            f"{s['kvfuse-full']['ttft_p50_ms']:.0f}", f"{s['kvfuse']['ttft_p50_ms']:.0f}",
+            f"{s['kvfuse']['ttft_p99_ms']:.0f}", f"{s['kvfuse']['output_tok_s']:.2f}",
+            f"{s['ttft_p50_kvfuse_over_kvfuse_full']:.3f}", f"{s['kvfuse']['exact_match']:.3f}",
+            f"{warm} of {len(k['answers']) - 8}", f"{s['kvfuse']['rouge_l']:.3f}"]
+    Page(root, "docs/server.md").compare("| method, behind the system turn |", "server.md, queryprobe", expected)
+
+
 def check_llamacpp_callback(root):
     """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
     question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
@@ -596,6 +613,7 @@ def main():
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
               lambda: check_server_auto_calibration(root), lambda: check_fidelity_queryprobe(root),
+              lambda: check_server_queryprobe(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
