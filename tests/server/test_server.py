@@ -13,6 +13,7 @@ concurrent requests answering as one at a time, streaming, seeded sampling, and 
 Exit code 77 (CTest: skipped) when the model, the binary or the openai client (installed into KVFUSE_SERVER_VENV,
 a venv, when missing) is not available, or when KVFUSE_SERVER_OPTIMIZED=0 (a Debug or sanitizer build).
 """
+import atexit
 import json
 import os
 import shutil
@@ -65,6 +66,11 @@ def cache_dir():
 BINARY = os.environ.get("KVFUSE_SERVER_BIN", "")
 MODEL = os.environ.get("KVFUSE_MODEL") or os.path.join(cache_dir(), "SmolLM2-135M-Instruct.Q4_1.gguf")
 MAX_BODY = 65536
+# The servers' kvfuse cache (calibrations for --method auto) is a fresh directory, so that `auto` is what a new
+# machine gets (CacheBlend's r = 15 %), whatever kvfuse-rag-eval --calibrated cached for this user; the model is
+# passed by path.
+SERVER_CACHE = tempfile.mkdtemp(prefix="kvfuse-server-test-cache-")
+atexit.register(shutil.rmtree, SERVER_CACHE, True)
 
 
 class Server:
@@ -72,7 +78,8 @@ class Server:
 
     def __init__(self, *args):
         self.proc = subprocess.Popen([BINARY, "--model", MODEL, "--port", "0", "--threads", "2", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, KVFUSE_CACHE_DIR=SERVER_CACHE))
         self.log = []
         self.port = None
         ready = threading.Event()
