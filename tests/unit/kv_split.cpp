@@ -235,7 +235,7 @@ TEST_CASE("KVSplit property: random texts, boundaries and bounds") {
   }
 }
 
-TEST_CASE("split_long_chunks: only chunks longer than chunk_size are cut, in place, flags and query kept") {
+TEST_CASE("split_long_chunks: only chunks longer than chunk_size are cut, in place, flags, query and context kept") {
   kvfuse::PromptLayout layout = kvfuse::PromptLayout::from_lengths({6, 25, 10, 0}, 4);
   layout.chunks[2].cached = false;
   const kvfuse::PromptLayout split = kvfuse::split_long_chunks(layout, kvfuse::KVSplit({/*chunk_size=*/10}));
@@ -248,6 +248,12 @@ TEST_CASE("split_long_chunks: only chunks longer than chunk_size are cut, in pla
   // Nothing longer than chunk_size: the same layout.
   const kvfuse::PromptLayout same = kvfuse::split_long_chunks(layout, kvfuse::KVSplit({/*chunk_size=*/25}));
   CHECK(same.chunks.size() == layout.chunks.size());
+  // A chunk context (the first chunk, computed) stays: the passages' caches are still computed behind it.
+  layout.chunks[0].cached = false;
+  layout.chunk_context = 6;
+  const kvfuse::PromptLayout behind = kvfuse::split_long_chunks(layout, kvfuse::KVSplit({/*chunk_size=*/10}));
+  CHECK_NOTHROW(behind.validate());
+  CHECK(behind.chunk_context == 6);
 }
 
 }  // namespace unit_kv_split

@@ -28,7 +28,8 @@
 // When to use which: prefix caching when prompts share exact prefixes; otherwise CacheBlend when nothing is
 // known about the chunks in advance, AttnLink when the cheapest static selection is enough, Cache-Craft when
 // chunk caches are kept from earlier prompts with their attention statistics; QueryAware where CacheBlend would
-// run, to recompute what the question reads rather than what deviates (kvfuse-rag-eval measures both). Measured
+// run, to recompute what the question reads rather than what deviates (kvfuse-rag-eval measures both); QueryProbe
+// where fidelity per recomputed row matters more than a second pass's latency (docs/fidelity.md). Measured
 // on SmolLM2 and Gemma 3 over MuSiQue (docs/results.md): the query mass alone (λ = 1) closes little of naive
 // reuse's gap, as the check layers 1-3 see mostly the question's attention to what is near it; mixed with the
 // KV deviation (λ = 0.5, "queryaware@0.15:0.5") about as much as CacheBlend's selection.

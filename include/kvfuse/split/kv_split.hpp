@@ -151,12 +151,13 @@ class KVSplit {
 }
 
 // `layout` with every chunk longer than the splitter's chunk_size cut into fixed() chunks (a long document
-// becomes several chunk caches, Epic §5's fixed-size chunking); shorter chunks, their cached flags and the query
-// stay as they are.
+// becomes several chunk caches, Epic §5's fixed-size chunking); shorter chunks, their cached flags, the query and
+// the chunk context (which still ends on a chunk boundary) stay as they are.
 [[nodiscard]] inline PromptLayout split_long_chunks(const PromptLayout& layout, const KVSplit& split) {
   layout.validate();
   PromptLayout out;
   out.query = layout.query;
+  out.chunk_context = layout.chunk_context;
   for (const PromptChunk& c : layout.chunks) {
     if (c.range.size() <= split.config().chunk_size) {
       out.chunks.push_back(c);

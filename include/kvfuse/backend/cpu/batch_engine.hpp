@@ -383,8 +383,10 @@ class CpuBatchEngine {
           continue;
         }
       }
-      if (role.kind == Role::second_pass)
+      if (role.kind == Role::second_pass) {
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
+        r.second.reset();
+      }
       if (r.phase == Phase::prefill) {
         r.phase = Phase::decode;
         r.metrics.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - r.submitted).count();
