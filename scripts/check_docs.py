@@ -421,6 +421,8 @@ def check_fidelity_queryprobe(root):
     """docs/fidelity.md, "QueryProbe": per method and chunk-cache layout, results.json's means
     (results/queryprobe-2026-11-28/)."""
     d = root / "docs/results/queryprobe-2026-11-28"
+    row = lambda v: [f"{v['recompute_fraction']:.3f}", f"{v['ttft_ratio_vs_full']:.3f}", f"{v['kl_answer_mean']:.4f}",
+                     f"{v['top1_answer_agreement']:.3f}", f"{v['gap_closed']:.3f}"]
     expected = {}
     for cc, label in (("system", "behind system"), ("none", "alone")):
         r = load_json(d / cc / "results.json")
@@ -429,16 +431,25 @@ def check_fidelity_queryprobe(root):
         for m, v in r["methods"].items():
             if m == "full":
                 continue
-            expected[f"{m}, {label}"] = [f"{v['recompute_fraction']:.3f}", f"{v['ttft_ratio_vs_full']:.3f}",
-                                         f"{v['kl_answer_mean']:.4f}", f"{v['top1_answer_agreement']:.3f}",
-                                         f"{v['gap_closed']:.3f}"]
+            expected[f"{m}, {label}"] = row(v)
     page = Page(root, "docs/fidelity.md")
     page.compare("| method, chunk caches | recomputed |", "fidelity.md, queryprobe", expected)
     gemma = load_json(d / "gemma3-system" / "results.json")
     page.compare("| Gemma 3 behind the system turn: method |", "fidelity.md, queryprobe, Gemma 3",
-                 {m: [f"{v['recompute_fraction']:.3f}", f"{v['ttft_ratio_vs_full']:.3f}", f"{v['kl_answer_mean']:.4f}",
-                      f"{v['top1_answer_agreement']:.3f}", f"{v['gap_closed']:.3f}"]
-                  for m, v in gemma["methods"].items() if m != "full"})
+                 {m: row(v) for m, v in gemma["methods"].items() if m != "full"})
+
+
+def server_cell_row(cell):
+    """One bench_server.sh cell (summary.json, run-1/ answers) as the server.md tables show it: full prefill's and
+    the method's TTFT p50, its p99, output tok/s, the p50 ratio, exact match, warm requests (after the first 8)
+    answering as full prefill, ROUGE-L."""
+    s, k = load_json(cell / "summary.json"), load_json(cell / "run-1/kvfuse.json")
+    full = load_json(cell / "run-1/kvfuse-full.json")
+    warm = sum(a == b for a, b in list(zip(k["answers"], full["answers"]))[8:])
+    return [f"{s['kvfuse-full']['ttft_p50_ms']:.0f}", f"{s['kvfuse']['ttft_p50_ms']:.0f}",
+            f"{s['kvfuse']['ttft_p99_ms']:.0f}", f"{s['kvfuse']['output_tok_s']:.2f}",
+            f"{s['ttft_p50_kvfuse_over_kvfuse_full']:.3f}", f"{s['kvfuse']['exact_match']:.3f}",
+            f"{warm} of {len(k['answers']) - 8}", f"{s['kvfuse']['rouge_l']:.3f}"]
 
 
 def check_server_chunk_context(root):
@@ -449,15 +460,7 @@ def check_server_chunk_context(root):
     expected = {}
     for cc, label in (("none", "alone (`none`)"), ("system", "behind the system turn (`system`)")):
         for method, r in (("cacheblend", "15"), ("cacheblend@0.5", "50")):
-            cell = d / f"{cc}-{method}"
-            s, k = load_json(cell / "summary.json"), load_json(cell / "run-1/kvfuse.json")
-            full = load_json(cell / "run-1/kvfuse-full.json")
-            warm = sum(a == b for a, b in list(zip(k["answers"], full["answers"]))[8:])
-            expected[f"{label}, r = {r} %"] = [
-                f"{s['kvfuse-full']['ttft_p50_ms']:.0f}", f"{s['kvfuse']['ttft_p50_ms']:.0f}",
-                f"{s['kvfuse']['ttft_p99_ms']:.0f}", f"{s['kvfuse']['output_tok_s']:.2f}",
-                f"{s['ttft_p50_kvfuse_over_kvfuse_full']:.3f}", f"{s['kvfuse']['exact_match']:.3f}",
-                f"{warm} of {len(k['answers']) - 8}", f"{s['kvfuse']['rouge_l']:.3f}"]
+            expected[f"{label}, r = {r} %"] = server_cell_row(d / f"{cc}-{method}")
     page.compare("| chunk caches, CacheBlend |", "server.md, chunk context", expected)
 
 
@@ -484,14 +487,7 @@ def check_server_queryprobe(root):
     d = root / "docs/results/server-queryprobe-2026-11-28"
     expected = {}
     for method in ("cacheblend", "queryprobe", "queryprobe@0.3"):
-        s = load_json(d / method / "summary.json")
-        k, full = load_json(d / method / "run-1/kvfuse.json"), load_json(d / method / "run-1/kvfuse-full.json")
-        warm = sum(a == b for a, b in list(zip(k["answers"], full["answers"]))[8:])
-        expected[f"`{method}`"] = [
-            f"{s['kvfuse-full']['ttft_p50_ms']:.0f}", f"{s['kvfuse']['ttft_p50_ms']:.0f}",
-            f"{s['kvfuse']['ttft_p99_ms']:.0f}", f"{s['kvfuse']['output_tok_s']:.2f}",
-            f"{s['ttft_p50_kvfuse_over_kvfuse_full']:.3f}", f"{s['kvfuse']['exact_match']:.3f}",
-            f"{warm} of {len(k['answers']) - 8}", f"{s['kvfuse']['rouge_l']:.3f}"]
+        expected[f"`{method}`"] = server_cell_row(d / method)
     Page(root, "docs/server.md").compare("| method, behind the system turn |", "server.md, queryprobe", expected)
 
 
