@@ -262,23 +262,11 @@ class CpuBatchEngine {
       }
       if (a.tokens < r.prefill_cost() && prefill_in_step) continue;  // runs whole, in a later step
       prefill_in_step = true;
-      if (r.second) {  // a two-pass plan's second pass: its rows on every layer over the KV of the first, no hooks
-        BatchItem item;
-        item.kv = &r.fusion.kv();
-        item.rows = *r.second;
-        r.initial_tokens.resize(item.rows.size());
-        for (std::size_t i = 0; i < item.rows.size(); ++i)
-          r.initial_tokens[i] = r.request.tokens[static_cast<std::size_t>(item.rows[i])];
-        item.tokens = r.initial_tokens;
-        items_.push_back(std::move(item));
-        roles_.push_back({a.id, Role::second_pass});
-        stats_.prefill_rows += static_cast<std::int64_t>(r.second->size());
-        continue;
-      }
-      // Reused chunks the store lacks: their caches, alone (or behind the layout's chunk context).
+      // Reused chunks the store lacks: their caches, alone (or behind the layout's chunk context); queued once, by the
+      // first pass.
       const std::int64_t context_rows = r.request.layout.chunk_context;
       const auto context = slice(r.request.tokens, {0, context_rows});
-      for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {
+      for (std::size_t j = 0; j < r.plan.chunks.size() && !r.second; ++j) {
         const ChunkPlan& c = r.plan.chunks[j];
         if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || c.range.empty()) continue;
         const auto tokens = slice(r.request.tokens, c.range);
@@ -289,20 +277,22 @@ class CpuBatchEngine {
         chunk_queue_.push_back({std::move(key), chunk_cache_input(r.request.tokens, r.request.layout, c.range),
                                 context_rows, false});
       }
+      // S_0 of the plan, or a two-pass plan's second pass: its rows on every layer over the KV of the first, no hooks.
       BatchItem item;
       item.kv = &r.fusion.kv();
-      item.rows = r.plan.initial;
+      item.rows = r.second ? *r.second : r.plan.initial;
       r.initial_tokens.resize(item.rows.size());
       for (std::size_t i = 0; i < item.rows.size(); ++i)
         r.initial_tokens[i] = r.request.tokens[static_cast<std::size_t>(item.rows[i])];
       item.tokens = r.initial_tokens;
       const StatisticsNeeds& needs = r.plan.statistics;
-      item.needs = {r.plan.per_layer, needs.k_deviation, needs.v_deviation,
-                    needs.chunk_mass || needs.self_mass ? &r.plan.layout : nullptr,
-                    needs.query_mass ? r.plan.layout.query : TokenRange{}};
+      if (!r.second)
+        item.needs = {r.plan.per_layer, needs.k_deviation, needs.v_deviation,
+                      needs.chunk_mass || needs.self_mass ? &r.plan.layout : nullptr,
+                      needs.query_mass ? r.plan.layout.query : TokenRange{}};
+      stats_.prefill_rows += static_cast<std::int64_t>(item.rows.size());
       items_.push_back(std::move(item));
-      roles_.push_back({a.id, Role::fusion});
-      stats_.prefill_rows += static_cast<std::int64_t>(r.plan.initial.size());
+      roles_.push_back({a.id, r.second ? Role::second_pass : Role::fusion});
     }
     // The queued chunk caches, in the budget the step leaves; beyond it, one that has waited a step (or one when the
     // step has nothing else).
