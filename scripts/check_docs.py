@@ -312,30 +312,35 @@ def markdown_tables(text):
     return tables
 
 
-def check_kernels(root):
-    """docs/kernels.md, Results: the GPU benchmarks (results/kernels-2026-11-27/bench.md, scripts/bench_kernels.sh's
-    tables, and sdpa.md, scripts/bench_sdpa.py's): sparse attention with every query against SDPA, top-k, and the
-    figures of the goals table."""
-    page = Page(root, "docs/kernels.md")
-    d = root / "docs/results/kernels-2026-11-27"
+def kernel_goal_figures(d):
+    """The figures of docs/kernels.md's goals table from one run of scripts/bench_kernels.sh (results/kernels-*/
+    bench.md and sdpa.md), and the parsed tables they come from."""
     bench = {part.split("\n", 1)[0].strip(): markdown_tables(part)[0]
              for part in (d / "bench.md").read_text(encoding="utf-8").split("## bench-")[1:]}
     sdpa = {(r[0], r[1]): r for r in markdown_tables((d / "sdpa.md").read_text(encoding="utf-8"))[0]}
-
     dense = {(r[0], r[1]): r for r in bench["bench_sparse_attention"] if r[2] == "100 %"}
     pct = {k: 100 * float(r[5]) / float(sdpa[k][3]) for k, r in dense.items()}
-    page.compare("| N, head_dim | kvfuse, every query (ms) |", "kernels.md, sparse attention vs SDPA",
-                 {f"{k[0]}, {k[1]}": [r[4], r[5], sdpa[k][2], sdpa[k][3], f"{pct[k]:.1f} %"] for k, r in dense.items()})
-
     topk = {r[0]: [r[1], r[2], r[3], r[4], r[5], r[9]] for r in bench["bench_topk"]}
-    page.compare("| N | k | top-k radix (µs) | in a CUDA graph (µs) |", "kernels.md, top-k", topk)
-
     rope = [(float(r[6]), float(r[10])) for r in bench["bench_rope"]]
     span = lambda xs: f"{min(xs):.1f}–{max(xs):.1f} %"
-    want = {"RoPE apply / inverse / shift, ≥ 16 MB": span([p for mb, p in rope if mb >= 16]),
-            "RoPE apply / inverse / shift, < 16 MB": span([p for mb, p in rope if mb < 16]),
-            "sparse-query attention, every query": span(pct.values()),
-            "top-k, N = 128K": f"{topk['131072'][1]} µs ({topk['131072'][2]} µs in a CUDA graph)"}
+    goals = {"RoPE apply / inverse / shift, ≥ 16 MB": span([p for mb, p in rope if mb >= 16]),
+             "RoPE apply / inverse / shift, < 16 MB": span([p for mb, p in rope if mb < 16]),
+             "sparse-query attention, every query": span(pct.values()),
+             "top-k, N = 128K": f"{topk['131072'][1]} µs ({topk['131072'][2]} µs in a CUDA graph)"}
+    return goals, dense, sdpa, pct, topk
+
+
+def check_kernels(root):
+    """docs/kernels.md, Results: the GPU benchmarks of 2026-11-27 (results/kernels-2026-11-27/bench.md, scripts/
+    bench_kernels.sh's tables, and sdpa.md, scripts/bench_sdpa.py's): sparse attention with every query against SDPA,
+    top-k, and the figures of the goals table; and the goals' figures of the 2026-11-28 rerun beside them."""
+    page = Page(root, "docs/kernels.md")
+    first = root / "docs/results/kernels-2026-11-27"
+    want, dense, sdpa, pct, topk = kernel_goal_figures(first)
+    page.compare("| N, head_dim | kvfuse, every query (ms) |", "kernels.md, sparse attention vs SDPA",
+                 {f"{k[0]}, {k[1]}": [r[4], r[5], sdpa[k][2], sdpa[k][3], f"{pct[k]:.1f} %"] for k, r in dense.items()})
+    page.compare("| N | k | top-k radix (µs) | in a CUDA graph (µs) |", "kernels.md, top-k", topk)
+
     i = find_line(page.lines, "| kernel | measure | goal | measured | met |")
     _, rows = table_after(page.lines, i or 0)
     for what, value in want.items():
@@ -344,6 +349,9 @@ def check_kernels(root):
         if row is None or row[3] != value:
             problem(page.name, n + 1, f"kernels.md, goals, {what}: the page has '{row[3] if row else None}', "
                                       f"the raw data gives '{value}'")
+    again, *_ = kernel_goal_figures(root / "docs/results/kernels-2026-11-28")
+    page.compare("| goal measure | 2026-11-27, `0fd1d2b` |", "kernels.md, the 2026-11-28 rerun",
+                 {what: [want[what], again[what]] for what in want})
 
 
 def check_llamacpp_run_cost(root):

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +55,16 @@ inline std::uint64_t seed() {
     if (const char* s = std::getenv("KVFUSE_GPU_TEST_SEED")) return std::strtoull(s, nullptr, 10);
     std::random_device rd;
     return (static_cast<std::uint64_t>(rd()) << 32) | rd();
+  }();
+  return value;
+}
+
+// The largest problem size a test should run: KVFUSE_GPU_TEST_MAX_N if set (for slow tools such as
+// compute-sanitizer's racecheck, whose hazards show at any size with several blocks), else no limit.
+inline std::int64_t max_n() {
+  static const std::int64_t value = []() -> std::int64_t {
+    if (const char* s = std::getenv("KVFUSE_GPU_TEST_MAX_N")) return std::strtoll(s, nullptr, 10);
+    return INT64_MAX;
   }();
   return value;
 }
