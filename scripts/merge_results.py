@@ -39,7 +39,7 @@ def summarize(questions):
             sys.exit(f"merge_results.py: question {q['index']} has methods {list(q['methods'])}, not {methods}")
     # results.json keeps methods by name; list them as docs/results.md does: full, prefix, naive, then each
     # family's settings by what they recompute.
-    order = ["full", "prefix", "naive", "cacheblend", "queryaware", "attnlink", "cachecraft"]
+    order = ["full", "prefix", "naive", "cacheblend", "queryaware", "queryprobe", "attnlink", "cachecraft"]
     recomputed = {m: st.mean(q["methods"][m]["recompute_fraction"] for q in questions) for m in methods}
     methods.sort(key=lambda m: (order.index(m.split("@")[0].split("-")[0]), recomputed[m]))
     if "naive" not in methods:
@@ -94,7 +94,7 @@ def main():
     methods, rows = summarize(questions)
 
     if args.png:
-        families = ["full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware"]
+        families = ["full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "queryaware", "queryprobe"]
         dat = args.png + ".dat"
         with open(dat, "w") as d:
             for m in methods:

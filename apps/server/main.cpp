@@ -9,7 +9,7 @@
 //                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]|queryprobe[@r]]
 //                 [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]
 //                 [--max-running 16|4] [--max-body-bytes 4194304] [--max-tokens-default 256] [--region-cells 2048]
-//                 [--chunk-context system|none]
+//                 [--chunk-context system|none] [--prefix-cache on|off]
 //
 // --model: smollm2 (default), gemma3 or qwen2 as scripts/fetch_model.sh fetches them, or a GGUF path.
 // --engine: cpu (default), kvfuse's reference engine; llamacpp (a build with -DKVFUSE_LLAMACPP=ON): llama.cpp's
@@ -30,12 +30,18 @@
 //   every family it measured. On --engine llamacpp, auto considers AttnLink only (the gate's calibration of the
 //   same GGUF, measured on the CPU engine), Epic's k = 16 when none is cached. cachecraft, prefix and
 //   cacheblend@auto are refused: the batched connector keeps no Cache-Craft variants, the server stores chunk
-//   caches only (no prefix entries), and CacheBlend's loading controller runs in FusionPipeline only.
+//   caches and Cake's prefix entries only (no prefix-cache entries on chunk boundaries), and CacheBlend's loading
+//   controller runs in FusionPipeline only.
 // --chunk-context: system (the cpu engine's default): every chunk cache is computed behind the prompt's system turn
 //   (BOS, the system prompt; PromptLayout::chunk_context), which is always computed, so that a part's first tokens
 //   are not attention sinks; its key holds the system turn's tokens, so it is reused by requests with the same
 //   system prompt. none (llamacpp's only choice): chunk caches computed alone from position 0, the system prompt a
 //   chunk like the parts.
+// --prefix-cache: on (the cpu engine's default): a prompt without content parts (plain string messages) is full
+//   prefill whose whole 128-token chunks before its last token are stored as Cake's prefix entries
+//   (BatchEngineConfig::store_prefixes); a later prompt that starts with the same tokens (the same system prompt and
+//   earlier turns) loads them from the back while computing from the front (a Cake request; usage.kvfuse.prefix_tokens
+//   says how many it found). off (llamacpp's only choice): such prompts are computed with the server's method.
 // --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
 // --queue-limit: requests in the engine at once (queued or running); more are answered 429. --max-running: how many
 //   of them run in one step loop (CpuBatchEngine's max_running, default 16; llama.cpp's regions, default 4).
@@ -110,6 +116,7 @@ struct Options {
   std::int64_t memory_bytes = std::int64_t{2} << 30;
   std::int64_t region_cells = 2048;
   std::string chunk_context;  // system | none; empty: the engine's default (cpu system, llamacpp none)
+  std::string prefix_cache;   // on | off; empty: the engine's default (cpu on, llamacpp off)
 };
 
 constexpr std::string_view kUsage =
@@ -120,7 +127,7 @@ constexpr std::string_view kUsage =
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
     "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"
     "                     [--max-tokens-default 256] [--memory-bytes 2147483648] [--region-cells 2048]\n"
-    "                     [--chunk-context system (cpu), none (llamacpp)]\n"
+    "                     [--chunk-context system (cpu), none (llamacpp)] [--prefix-cache on|off]\n"
     "--method auto: the cheapest setting the calibration gate admitted for the model and chunk context\n"
     "  (kvfuse-rag-eval --calibrated --chunk-context system|none),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
@@ -155,6 +162,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-tokens-default") o.max_tokens_default = parse_int(flag, v);
     else if (flag == "--memory-bytes") o.memory_bytes = parse_int(flag, v);
     else if (flag == "--chunk-context") o.chunk_context = v;
+    else if (flag == "--prefix-cache") o.prefix_cache = v;
     else throw kvfuse::error(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
   }
   kvfuse::require(o.port <= 65535, "--port: {} is not a port", o.port);
@@ -172,6 +180,11 @@ Options parse(int argc, char** argv) {
                   o.engine);
   kvfuse::require(o.region_cells >= 256 && o.region_cells % 256 == 0 && o.region_cells <= (1 << 20),
                   "--region-cells: {} must be a multiple of 256 in [256, 1048576]", o.region_cells);
+  if (o.prefix_cache.empty()) o.prefix_cache = o.engine == "llamacpp" ? "off" : "on";
+  kvfuse::require(o.prefix_cache == "on" || o.prefix_cache == "off", "--prefix-cache: '{}' is neither on nor off",
+                  o.prefix_cache);
+  kvfuse::require(o.engine != "llamacpp" || o.prefix_cache == "off",
+                  "--prefix-cache on: the llamacpp engine keeps no prefix entries (Cake's loader runs in the cpu engine)");
   if (o.chunk_context.empty()) o.chunk_context = o.engine == "llamacpp" ? "none" : "system";
   kvfuse::require(o.chunk_context == "system" || o.chunk_context == "none",
                   "--chunk-context: '{}' is neither system nor none", o.chunk_context);
@@ -483,7 +496,11 @@ class Api {
                                                          : o_.max_tokens_default);
     g.tokens = prompt.tokens;
     g.layout = prompt.layout;
-    g.method = method;
+    // A prompt without content parts has no chunk to reuse: full prefill, which with the prefix cache loads the stored
+    // KV of the tokens it starts with (the system prompt and earlier turns of a conversation) by Cake.
+    const bool parts = std::any_of(prompt.layout.chunks.begin(), prompt.layout.chunks.end(),
+                                   [](const kvfuse::PromptChunk& ch) { return ch.cached; });
+    g.method = !parts && o_.prefix_cache == "on" ? kvfuse::FusionMethod(kvfuse::FullRecompute{}) : method;
     g.stop_tokens = stop_tokens_;
     g.temperature = c.temperature;
     g.seed = c.seed.value_or(std::random_device{}());
@@ -617,6 +634,7 @@ class Api {
                 {"chunk_tokens", chunk_tokens},
                 {"loaded_tokens", metrics.loaded_tokens},
                 {"recomputed_tokens", metrics.recomputed_rows},
+                {"prefix_tokens", metrics.stored_prefix},
                 {"ttft_ms", metrics.ttft_ms},
                 {"restarts", metrics.restarts}}}};
     }
@@ -716,6 +734,7 @@ int main(int argc, char** argv) try {
     kvfuse::BatchEngineConfig config;
     config.budget.token_budget = o.token_budget;
     config.max_running = static_cast<std::size_t>(o.max_running);
+    config.store_prefixes = o.prefix_cache == "on";
     Service<kvfuse::CpuBatchEngine<kvfuse_server::AnyKVStore>> service(queue_limit, metrics, model, stores.store(),
                                                                         config);
     Api api(o, model.config().context_length, tok, method, service, stores, metrics);

@@ -38,7 +38,9 @@ inline kvfuse::FusionMethod server_method(std::string_view text, std::string_vie
                           "connector does not keep; use cacheblend, attnlink, queryaware, queryprobe, naive or full",
                           text);
   kvfuse::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
-                          "fusion method '{}': the server stores chunk caches only, no prefix entries", text);
+                          "fusion method '{}': the server stores chunk caches only, no prefix-cache entries on chunk "
+                          "boundaries (a prompt without content parts is prefix-cached by Cake: --prefix-cache)",
+                          text);
   const auto* blend = std::get_if<kvfuse::CacheBlend>(&m);
   kvfuse::require(blend == nullptr || !blend->loading_controller,
                           "fusion method '{}': CacheBlend's loading controller runs in FusionPipeline, not in the "

@@ -322,6 +322,29 @@ class ServerTest(OneServerTest):
         self.assertTrue(done.choices[0].message.content)
         self.assertEqual(json.loads(self.server.get("/health")[1])["in_flight"], 0)
 
+    def test_a_conversations_earlier_turns_are_a_stored_prefix_loaded_by_cake(self):
+        system = "Answer from these notes. " + " ".join(PASSAGES * 5)  # about 280 tokens: two whole 128-token chunks
+        turn1 = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+        first = self.chat(turn1)
+        turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "And which river flows through Vienna?"}]
+        second = self.chat(turn2, max_tokens=12)
+        u1, u2 = kvfuse_usage(first), kvfuse_usage(second)
+        self.assertEqual((u1["method"], u1["prefix_tokens"], u1["chunks"]), ("full", 0, 0))
+        self.assertGreater(first.usage.prompt_tokens, 256)
+        self.assertEqual(u2["method"], "full")
+        # The first request's whole chunks before its last token were stored; the second starts with them.
+        self.assertEqual(u2["prefix_tokens"], (first.usage.prompt_tokens - 1) // 128 * 128)
+        self.assertEqual(u2["recomputed_tokens"] + u2["loaded_tokens"], second.usage.prompt_tokens)
+        # Cake's answer is full prefill's: a server without the prefix cache computes it.
+        plain = Server("--prefix-cache", "off")
+        try:
+            again = plain.client().chat.completions.create(model="smollm2", messages=turn2, temperature=0, max_tokens=12)
+        finally:
+            plain.stop()
+        self.assertEqual(kvfuse_usage(again)["prefix_tokens"], 0)
+        self.assertEqual(again.choices[0].message.content, second.choices[0].message.content)
+
     def test_metrics(self):
         self.chat(parts(*PASSAGES, QUESTION))
         status, text = self.server.get("/metrics")

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -241,6 +242,65 @@ TEST_CASE("CpuBatchEngine: a Cake request's failed load is computed instead and 
   for (std::uint64_t id = 1; id <= requests.size(); ++id) {
     CAPTURE(id);
     CHECK(run.tokens.at(id) == alone(model, requests[id - 1]));
+  }
+}
+
+TEST_CASE("CpuBatchEngine with store_prefixes: a full prefill leaves its whole grid chunks before its last token as "
+          "prefix entries (full prefill's KV), and a later prompt that extends it is a Cake request that gets its "
+          "tokens alone") {
+  const CpuLlama model = small_untied_llama();
+  const GenerationRequest first = full_request(make_prompt(100, 7), 3);
+  std::vector<token_id> longer = first.tokens;  // the next turn of a conversation: the same tokens, then more
+  for (token_id t : make_prompt(60, 8)) longer.push_back(t);
+  const GenerationRequest second = full_request(longer, 4);
+  const auto keys = prefix_chunk_keys(model.fingerprint(), first.tokens, kFetchChunk);
+  const auto longer_keys = prefix_chunk_keys(model.fingerprint(), second.tokens, kFetchChunk);
+  REQUIRE(keys.size() == 4);  // [0, 32), [32, 64), [64, 96) and the shorter [96, 100)
+  REQUIRE(std::equal(keys.begin(), keys.begin() + 3, longer_keys.begin()));
+
+  SUBCASE("off (the default): a full prefill stores nothing") {
+    InMemoryKVStore store;
+    CpuBatchEngine<InMemoryKVStore> engine(model, store, cake_config(LoaderMode::adaptive));
+    (void)run_all(engine, {first});
+    engine.connector().wait_for_saves();
+    CHECK(store.size() == 0);
+  }
+  SUBCASE("on") {
+    InMemoryKVStore store;
+    BatchEngineConfig config = cake_config(LoaderMode::adaptive);
+    config.store_prefixes = true;
+    CpuBatchEngine<InMemoryKVStore> engine(model, store, config);
+    const Run one = run_all(engine, {first});
+    engine.connector().wait_for_saves();
+    CHECK(one.tokens.at(1) == alone(model, first));
+    CHECK(one.metrics.at(1).stored_prefix == 0);
+    const LlamaPrefill full = model.full_prefill(first.tokens);
+    for (std::size_t j = 0; j < 3; ++j) {  // (100 - 1) / 32 whole chunks before the last token
+      CAPTURE(j);
+      const std::optional<KVBlock> block = store.get(keys[j]);
+      REQUIRE(block.has_value());
+      const auto b = static_cast<std::int64_t>(j) * kFetchChunk;
+      const KVBlock want = full.kv.to_block({b, b + kFetchChunk});
+      CHECK(block->first_position == b);
+      CHECK(block->num_tokens == kFetchChunk);
+      REQUIRE(block->bytes.size() == want.bytes.size());
+      // Chunked prefill's KV: full prefill's to float rounding (its query blocks end where the budget cut them).
+      std::vector<float> got(block->bytes.size() / sizeof(float)), ref(got.size());
+      std::memcpy(got.data(), block->bytes.data(), block->bytes.size());
+      std::memcpy(ref.data(), want.bytes.data(), want.bytes.size());
+      for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == doctest::Approx(ref[i]).epsilon(1e-4));
+    }
+    CHECK_FALSE(store.contains(keys[3]));  // the shorter last chunk holds the last token, which is always computed
+
+    const Run two = run_all(engine, {second});  // ids continue: the second request is 2
+    engine.connector().wait_for_saves();
+    const RequestMetrics& m = two.metrics.at(2);
+    CHECK(m.stored_prefix == 96);
+    CHECK(m.meet_token + m.loaded_tokens == 96);
+    CHECK(two.tokens.at(2) == alone(model, second));
+    CHECK(store.contains(longer_keys[3]));        // its own new whole chunk [96, 128)
+    CHECK_FALSE(store.contains(longer_keys[4]));  // [128, 160) holds its last token
+    CHECK(store.size() == 4);
   }
 }
 

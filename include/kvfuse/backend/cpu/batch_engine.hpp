@@ -19,7 +19,8 @@
 // not stored), saved asynchronously for later requests, are queued and computed last, with the budget a step leaves,
 // so that they do not lengthen the prefill of the request that needs them; one a step once it has waited a step, so
 // that a server whose budget is always taken still stores them. The step whose prefill computes a prompt's last row
-// samples the first token; each later step one more. Requests arrive (submit) and leave
+// samples the first token; each later step one more. With BatchEngineConfig::store_prefixes, that step also saves the
+// prompt's KV as Cake's prefix entries for later requests with the same prefix. Requests arrive (submit) and leave
 // (finish, cancel) between steps; a finished request frees its KV.
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
@@ -127,6 +128,10 @@ struct BatchEngineConfig {
                                             // compute side then takes at most choose_chunk_sizes' compute chunk (for
                                             // its stored prefix, under cake_rule) per step, its estimate from them
   ChunkRule cake_rule{};
+  bool store_prefixes = false;         // a full prefill leaves its prompt's KV as Cake's prefix entries (prefix_chunk_keys
+                                       // on cake.fetch_chunk's grid: the whole chunks before its last token), so that a
+                                       // later prompt that starts with the same tokens (a conversation's system prompt
+                                       // and earlier turns) is a Cake request
 
   void validate() const {
     budget.validate();
@@ -358,6 +363,7 @@ class CpuBatchEngine {
         r.prefilled += static_cast<std::int64_t>(item.rows.size());
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
         if (!item.want_logits) continue;
+        if (config_.store_prefixes) save_prefix(r);
       }
       if (role.kind == Role::fusion) {
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
@@ -548,6 +554,21 @@ class CpuBatchEngine {
     }
   }
 
+  // A full prefill's prompt KV as Cake's prefix entries (Cake appendix A, step 2): the whole fetch_chunk-grid chunks
+  // before its last token (which a Cake request always computes), less those found stored when it was admitted and
+  // those being saved; asynchronous puts, as the chunk caches'.
+  void save_prefix(const Running& r) {
+    const std::int64_t c = config_.cake.fetch_chunk;
+    const std::int64_t whole = (r.num_tokens() - 1) / c;
+    if (whole <= r.metrics.stored_prefix / c) return;
+    const std::vector<KVKey> keys = prefix_chunk_keys(r.fusion.model_fingerprint(), r.request.tokens, c);
+    for (std::int64_t j = r.metrics.stored_prefix / c; j < whole; ++j) {
+      const KVKey& key = keys[static_cast<std::size_t>(j)];
+      if (!saving_.insert(key.content).second) continue;
+      connector_.save(key, r.fusion.save_rows({j * c, (j + 1) * c}));
+    }
+  }
+
   // r leaves: its loads stop, its buffers are freed.
   void leave(Running& r) {
     connector_.finish(r.id);
@@ -607,7 +628,7 @@ class CpuBatchEngine {
     bool waited = false;           // queued in an earlier step
   };
   std::deque<QueuedChunk> chunk_queue_;  // chunk caches the store lacks, to compute (step: last in the budget)
-  std::set<std::uint64_t> saving_;      // chunk caches being saved (key contents)
+  std::set<std::uint64_t> saving_;      // chunk caches and prefix entries being saved (key contents)
   std::vector<BatchItem> items_;        // the step's batch
   std::vector<Role> roles_;             // what each item is
   StepStats stats_;
