@@ -134,35 +134,14 @@ kvfuse::LoaderTrace run_once(const kvfuse::CpuLlama& model, Store& store, const 
   return t;
 }
 
-// The engine's and link's speeds before any request: the compute side's fixed cost per forward pass and cost per
-// token, the least-squares line through passes of 16, 64 and 256 rows at the front of `tokens` (after a warm-up,
-// the faster of two passes each: a busy machine only adds time); the link's from its nominal latency and bandwidth.
+// The speeds the chunk rule starts from: the engine's compute line measured (measure_cake_speeds); the link's from its
+// nominal latency and bandwidth.
 kvfuse::CakeSpeedMeter calibrate(const kvfuse::CpuLlama& model, const std::vector<kvfuse::token_id>& tokens,
                                  const kvfuse::LinkConfig& link) {
-  const auto timed = [&](std::int64_t rows) {
-    kvfuse::CpuLlamaSession session(model, tokens);
-    const auto t0 = std::chrono::steady_clock::now();
-    session.compute_kv({0, rows});
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  const auto n = static_cast<std::int64_t>(tokens.size());
-  (void)timed(std::min<std::int64_t>(16, n));  // warm-up
-  double sx = 0, sy = 0, sxx = 0, sxy = 0, points = 0;
-  for (const std::int64_t rows : {std::int64_t{16}, std::int64_t{64}, std::int64_t{256}}) {
-    const std::int64_t r = std::min(rows, n);
-    const auto x = static_cast<double>(r);
-    const double y = std::min(timed(r), timed(r));
-    sx += x, sy += y, sxx += x * x, sxy += x * y, points += 1;
-  }
-  // seconds = a + b·rows: b = cov(x, y) / var(x), a = mean y - b · mean x (a >= 0).
-  const double var = sxx / points - (sx / points) * (sx / points);
-  const double slope = var > 0 ? (sxy / points - sx / points * sy / points) / var : 0.0;
-  const double per_token = slope > 0 ? slope : sy / sx;
-  const double fixed = std::max(0.0, sy / points - per_token * sx / points);
   const double token_bytes =
       static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
   const double fetch_token_s = link.megabytes_per_s > 0 ? token_bytes / (link.megabytes_per_s * 1e6) : 0.0;
-  return kvfuse::CakeSpeedMeter({fixed, per_token, link.latency_ms / 1e3, fetch_token_s});
+  return kvfuse::CakeSpeedMeter(kvfuse::measure_cake_speeds(model, tokens, link.latency_ms / 1e3, fetch_token_s));
 }
 
 // The chunks for a stored prefix of `prefix` tokens: chosen from the speeds, unless given on the command line.

@@ -8,7 +8,8 @@
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/; then the same harness on Gemma 3 270M (sliding-window
 #      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/;
 #   2. kvfuse-serve-bench (continuous batching through kvfuse's request-keyed hooks) and kvfuse-server (started,
-#      called by the official openai client with passages as content parts, stopped);
+#      called by the official openai client with passages as content parts, then a plain-string conversation whose
+#      turns load the previous turns' KV as Cake's prefix entries, stopped);
 #   3. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
 #      15 MB/s link, chunk sizes chosen from the measured speeds): a 512-token stored prefix of a MuSiQue prompt, computed from the front
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
@@ -90,11 +91,14 @@ if [[ -f $data ]]; then
   echo "each passage a content part of the message (a chunk cache), streamed, greedy, 16 tokens (scripts/server_loadgen.py):"
   "$venv/bin/python3" scripts/server_loadgen.py --url "http://127.0.0.1:$port/v1" --data "$data" --requests 6 \
     --concurrency 3 --passages 3 --pool 4 --passage-words 100 --max-tokens 16 --show >"$build/server-demo.json"
+  echo "a conversation of plain-string messages (passages in the system prompt, then three questions): each turn's"
+  echo "prompt starts with the previous one's, stored as Cake's prefix entries (scripts/server_conversation.py):"
+  "$venv/bin/python3" scripts/server_conversation.py --url "http://127.0.0.1:$port/v1" --data "$data"
   kill "$server"
   wait "$server" || true
   trap - EXIT
-  echo "(loaded: prompt tokens whose KV came from chunk caches stored by earlier requests; recomputed: rows recomputed,"
-  echo " averaged over the layers; docs/server.md: the API, and the measurement against llama-server)"
+  echo "(loaded: prompt tokens whose KV came from chunk caches or prefix entries stored by earlier requests; recomputed:"
+  echo " rows recomputed, averaged over the layers; docs/server.md: the API, and the measurement against llama-server)"
 fi
 echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"

@@ -734,14 +734,25 @@ int main(int argc, char** argv) try {
     kvfuse::BatchEngineConfig config;
     config.budget.token_budget = o.token_budget;
     config.max_running = static_cast<std::size_t>(o.max_running);
-    config.store_prefixes = o.prefix_cache == "on";
+    std::string cake;
+    if (o.prefix_cache == "on") {
+      config.store_prefixes = true;
+      // Cake's compute chunk from measured speeds (choose_chunk_sizes): the engine's compute line measured now, the
+      // store's fetches learnt as requests run (a memory tier first: free until measured otherwise).
+      std::vector<kvfuse::token_id> probe(256);
+      for (std::size_t i = 0; i < probe.size(); ++i)
+        probe[i] = static_cast<kvfuse::token_id>(i % static_cast<std::size_t>(model.config().n_vocab));
+      config.cake_speeds = kvfuse::measure_cake_speeds(model, probe);
+      cake = fmt::format(", prefix cache (Cake; compute {:.2f} ms + {:.3f} ms/token)",
+                         1e3 * config.cake_speeds->compute_call_s, 1e3 * config.cake_speeds->compute_token_s);
+    }
     Service<kvfuse::CpuBatchEngine<kvfuse_server::AnyKVStore>> service(queue_limit, metrics, model, stores.store(),
                                                                         config);
     Api api(o, model.config().context_length, tok, method, service, stores, metrics);
     api.routes(svr);
     return serve(o, api, svr,
-                 fmt::format("cpu engine, {} layers, context {}, {} threads", model.config().n_layer,
-                             model.config().context_length, model.threads()),
+                 fmt::format("cpu engine, {} layers, context {}, {} threads{}", model.config().n_layer,
+                             model.config().context_length, model.threads(), cake),
                  stores, method, why, stop_signals);
   }
 #if KVFUSE_WITH_LLAMACPP

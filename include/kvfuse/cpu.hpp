@@ -12,5 +12,6 @@
 #include "kvfuse/model/tokenizer.hpp"
 
 #include "kvfuse/backend/cpu/batch_engine.hpp"
+#include "kvfuse/backend/cpu/compute_speed.hpp"
 #include "kvfuse/backend/cpu_llama.hpp"
 
