@@ -326,6 +326,7 @@ class CpuBatchEngine {
     stats_.items = static_cast<std::int64_t>(items_.size());
 
     if (!items_.empty()) {
+      hook_errors_.assign(items_.size(), std::string());
       Hooks hooks{*this};
       const auto f0 = Clock::now();
       model_->forward(items_, hooks);
@@ -351,6 +352,10 @@ class CpuBatchEngine {
         continue;
       }
       if (role.kind == Role::fusion && item.status != Status::success) {  // a failed read: its chunks computed
+        if (connector_.failure(role.id).chunks.empty()) {  // not a read (a policy or an install refused): it would
+          fail(r, item.status, hook_errors_[i], events);  // fail again
+          continue;
+        }
         r.plan = connector_.recover(role.id, r.request.method);
         r.fusion.begin(r.request.tokens);
         ++r.metrics.restarts;
@@ -460,12 +465,14 @@ class CpuBatchEngine {
                         static_cast<unsigned long long>(role.id), static_cast<long long>(layer), e2.what());
       }
       e.stats_.install_ms += std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+      if (status != Status::success) e.hook_errors_[item] = last_status_message();
       return status;
     }
     Status after_layer(std::size_t item, const LayerReport& report, TokenSet& next) override {
       const auto t0 = Clock::now();
       const Status s = e.connector_.after_layer(e.roles_[item].id, report, next);
       e.stats_.hook_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (s != Status::success) e.hook_errors_[item] = last_status_message();
       return s;
     }
   };
@@ -631,6 +638,7 @@ class CpuBatchEngine {
   std::set<std::uint64_t> saving_;      // chunk caches and prefix entries being saved (key contents)
   std::vector<BatchItem> items_;        // the step's batch
   std::vector<Role> roles_;             // what each item is
+  std::vector<std::string> hook_errors_;  // why an item's hook refused (last_status_message on the hook's thread)
   StepStats stats_;
 };
 
