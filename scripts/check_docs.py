@@ -154,6 +154,33 @@ def check_results_2026_11_24(root, merge):
         page.compare(summary, f"results.md, table of {'+'.join(files)}", expected)
 
 
+GATE_FAMILIES = ("cacheblend", "queryaware", "queryprobe", "attnlink", "cachecraft")
+
+
+def gate_line(run, label):
+    """The calibration gate's verdict of one kvfuse-rag-eval --calibrated run, as docs/results.md writes it."""
+    c = run["calibration"]
+    verdicts = [f"{f} → {c[f]['chosen']}" if c[f]["chosen"] else f"{f} refused" for f in GATE_FAMILIES if f in c]
+    auto = c.get("auto") or "full prefill (every family refused)"
+    return f"- {label}: {', '.join(verdicts)}; `auto` → {auto}."
+
+
+def check_results_2026_11_28(root, merge):
+    """docs/results.md, 2026-11-28: per model and prompt shape, scripts/merge_results.py's table over the run's
+    results.json and the gate's verdict on the calibration questions (results/three-models-2026-11-28/)."""
+    page = Page(root, "docs/results.md")
+    d = root / "docs/results/three-models-2026-11-28"
+    for f in sorted(d.glob("*/results.json")):
+        qs, model = merge.load([f])
+        lines = merge.table_lines(qs, model)
+        summary, table = lines[0], lines[4:]
+        page.compare_line(summary, f"results.md, summary of {f.parent.name}", summary)
+        page.compare(summary, f"results.md, table of {f.parent.name}", {cells(r)[0]: cells(r)[1:] for r in table})
+        run = load_json(f)
+        label = f"{model}, {run['passages_per_question']} passages"
+        page.compare_line(f"- {label}:", f"results.md, gate of {f.parent.name}", gate_line(run, label))
+
+
 def check_results_2026_11_21(root):
     """docs/results.md, 2026-11-21: 20 questions of SmolLM2 (results/results.json)."""
     page = Page(root, "docs/results.md")
@@ -610,7 +637,8 @@ def main():
     merge = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(merge)
 
-    checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_21(root),
+    checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_28(root, merge),
+              lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
