@@ -432,6 +432,16 @@ class LlamaCppEngineTest(OneServerTest):
         self.assertEqual(json.loads(self.server.get("/health")[1])["status"], "ok")
 
 
+class FlagTest(unittest.TestCase):
+    def test_bad_prefix_cache_flags_are_refused_by_name(self):
+        for args, says in ((["--prefix-cache", "maybe"], "--prefix-cache: 'maybe' is neither on nor off"),
+                           (["--engine", "llamacpp", "--prefix-cache", "on"], "the llamacpp engine keeps no prefix")):
+            with self.subTest(args=args):
+                done = subprocess.run([BINARY, "--model", MODEL, *args], capture_output=True, text=True, timeout=60)
+                self.assertEqual(done.returncode, 2)
+                self.assertIn(says, done.stderr)
+
+
 class QueueLimitTest(unittest.TestCase):
     def test_full_queue_answers_429(self):
         import openai
