@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

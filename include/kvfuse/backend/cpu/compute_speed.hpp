@@ -32,8 +32,9 @@ namespace kvfuse {
   (void)timed(std::min<std::int64_t>(16, n));  // warm-up
   double sx = 0, sy = 0, sxx = 0, sxy = 0, points = 0;
   for (const std::int64_t rows : {std::int64_t{16}, std::int64_t{64}, std::int64_t{256}}) {
-    const auto x = static_cast<double>(std::min(rows, n));
-    const double y = std::min(timed(std::min(rows, n)), timed(std::min(rows, n)));
+    const std::int64_t r = std::min(rows, n);
+    const auto x = static_cast<double>(r);
+    const double y = std::min(timed(r), timed(r));
     sx += x, sy += y, sxx += x * x, sxy += x * y, points += 1;
   }
   // seconds = a + b·rows: b = cov(x, y) / var(x), a = mean y - b · mean x (a >= 0).
