@@ -53,6 +53,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvfuse/backend/any_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/harness/metrics.hpp"
 #include "kvfuse/harness/rag_prompt.hpp"
@@ -197,8 +198,15 @@ int main(int argc, char** argv) try {
   kvfuse::InMemoryKVStore memory;
   std::optional<kvfuse::DiskKVStore> disk;
   if (o.store == "disk") disk.emplace(dir);
+  // The runs below over one store type, whichever --store named: each compiled once.
+  std::optional<kvfuse::AnyKVStore> store;
+  if (disk) {
+    store.emplace(*disk);
+  } else {
+    store.emplace(memory);
+  }
 
-  const auto measure = [&](auto& inner) {
+  const auto measure = [&](kvfuse::AnyKVStore& inner) {
     kvfuse::ThrottledKVStore link(inner, o.link);
     double cake = 0, compute_only = 0, io_only = 0, best = 0, meet = 0, best_token = 0, tokens_sum = 0, stored_sum = 0;
     double predicted = 0;
@@ -277,10 +285,10 @@ int main(int argc, char** argv) try {
     fmt::print("{}\n", j.dump());
     return exact;
   };
-  const bool exact = disk ? measure(*disk) : measure(memory);
+  const bool exact = measure(*store);
 
   // One request composed of Cake (the stored exact prefix) and a fusion method (the reused chunks).
-  const auto composed = [&](auto& inner) {
+  const auto composed = [&](kvfuse::AnyKVStore& inner) {
     kvfuse::ThrottledKVStore link(inner, o.link);
     const Question& q = questions.front();
     const std::vector<std::string> passages(q.passages.begin(), q.passages.begin() + std::min<std::size_t>(4, q.passages.size()));
@@ -320,15 +328,11 @@ int main(int argc, char** argv) try {
                      {"preload_depth", r.fusion.load.depth}};
     fmt::print("{}\n", j.dump());
   };
-  if (disk) {
-    composed(*disk);
-  } else {
-    composed(memory);
-  }
+  composed(*store);
   // Several requests in one engine (CpuBatchEngine): Cake's token budget decides whose rows run each step, decode
   // first; a request with a stored prefix is a Cake request, its prefix loaded from the back meanwhile.
   bool served_exact = true;
-  const auto served = [&](auto& inner) {
+  const auto served = [&](kvfuse::AnyKVStore& inner) {
     kvfuse::ThrottledKVStore link(inner, o.link);
     std::vector<std::vector<kvfuse::token_id>> prompts;
     std::vector<std::vector<kvfuse::token_id>> alone;  // each request served alone: full prefill + greedy
@@ -400,13 +404,7 @@ int main(int argc, char** argv) try {
     }
     fmt::print("{}\n", j.dump());
   };
-  if (o.serve > 0) {
-    if (disk) {
-      served(*disk);
-    } else {
-      served(memory);
-    }
-  }
+  if (o.serve > 0) served(*store);
   if (temp_dir) fs::remove_all(*temp_dir);
   return exact && served_exact ? 0 : 3;
 } catch (const std::exception& e) {

@@ -85,6 +85,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "kvfuse/backend/any_kv_store.hpp"
 #include "kvfuse/backend/disk_kv_store.hpp"
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/throttled_kv_store.hpp"
@@ -689,14 +690,21 @@ int main(int argc, char** argv) try {
         write_results();
       }
     };
+    // The pipeline runs on the store behind one type (AnyKVStore, or AnyTieredKVStore for tiers): compiled twice
+    // per engine rather than once per combination of --store, --redis and --link.
     const auto run_on = [&](auto& store) {
-      kvfuse::FusionPipeline pipeline(engine, store, {}, load);
-      evaluate(pipeline);
       if constexpr (kvfuse::MeasuredTierStore<std::remove_cvref_t<decltype(store)>>) {
-        for (const kvfuse::StorageDevice& d : store.tier_devices())
+        kvfuse::AnyTieredKVStore any(store);
+        kvfuse::FusionPipeline pipeline(engine, any, {}, load);
+        evaluate(pipeline);
+        for (const kvfuse::StorageDevice& d : any.tier_devices())
           tiers.push_back({{"name", d.name}, {"cost_per_gb", d.cost_per_gb},
                            {"measured_read_mb_per_s", d.bandwidth_bytes_per_s / 1e6}});
         write_results();
+      } else {
+        kvfuse::AnyKVStore any(store);
+        kvfuse::FusionPipeline pipeline(engine, any, {}, load);
+        evaluate(pipeline);
       }
     };
     // The link stands in front of the store, or of its farthest tier only (memory stays local).

@@ -23,7 +23,7 @@ namespace kvfuse_server {
 
 class LlamaCppEngine {
  public:
-  LlamaCppEngine(const std::filesystem::path& gguf, AnyKVStore& store, kvfuse::llamacpp::BatchOptions options)
+  LlamaCppEngine(const std::filesystem::path& gguf, kvfuse::AnyKVStore& store, kvfuse::llamacpp::BatchOptions options)
       : engine_(gguf, store, with_saves(options)), cells_(options.region_cells) {}
 
   // Cells of a request (its prompt and answer): the server's context limit on this engine.
@@ -118,7 +118,7 @@ class LlamaCppEngine {
   }
 
   mutable std::mutex mutex_;  // guards everything below: LlamaCppBatchEngine is not thread-safe
-  kvfuse::llamacpp::LlamaCppBatchEngine<AnyKVStore> engine_;
+  kvfuse::llamacpp::LlamaCppBatchEngine<kvfuse::AnyKVStore> engine_;
   std::int64_t cells_;
   std::map<std::uint64_t, Tracked> tracked_;
   kvfuse::StepStats stats_;

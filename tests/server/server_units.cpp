@@ -1,6 +1,6 @@
 // kvfuse-server's pieces without HTTP: request checks name the field; a prompt's parts are chunks whose tokens do not
-// depend on their neighbours or position; streamed text never splits a UTF-8 sequence or a stop sequence; the
-// type-erased store forwards and counts; --method auto reads the calibrations of its own chunk context only.
+// depend on their neighbours or position; streamed text never splits a UTF-8 sequence or a stop sequence;
+// --method auto reads the calibrations of its own chunk context only.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "any_store.hpp"
 #include "chat_request.hpp"
 #include "kvfuse/core/keys.hpp"
 #include "kvfuse/model/gguf.hpp"
@@ -150,27 +149,6 @@ TEST_CASE("server: an incomplete UTF-8 tail is held back") {
   CHECK(kvfuse_server::incomplete_utf8_tail("\xE2\x98\x95") == 0);
   CHECK(kvfuse_server::incomplete_utf8_tail("x\xF0\x9F\x98") == 3);
   CHECK(kvfuse_server::incomplete_utf8_tail("") == 0);
-}
-
-TEST_CASE("server: AnyKVStore forwards to the store it wraps and counts lookups") {
-  kvfuse::InMemoryKVStore memory;
-  kvfuse_server::AnyKVStore store(memory);
-  const kvfuse::KVKey held{1, 2}, absent{1, 3};
-  kvfuse::KVBlock block;
-  block.num_tokens = 1;
-  block.bytes.assign(16, std::byte{7});
-  store.put(held, block);
-  CHECK(memory.contains(held));
-  const std::vector<kvfuse::KVKey> keys{held, absent, held};
-  CHECK(store.contains_many(keys) == std::vector<bool>{true, false, true});
-  CHECK((store.hits() == 2 && store.misses() == 1));
-  const auto info = store.describe(held);
-  REQUIRE(info.has_value());
-  std::vector<std::byte> out(4);
-  CHECK(store.get_into(held, *info, 4, out));
-  CHECK(out[0] == std::byte{7});
-  CHECK(store.erase(held));
-  CHECK_FALSE(store.get(held).has_value());
 }
 
 TEST_CASE("real model: server prompts reuse a part's tokens at any position; streamed text stays whole") {
