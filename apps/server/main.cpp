@@ -89,6 +89,7 @@
 #include "chat_request.hpp"
 #include "metrics.hpp"
 #include "musique.hpp"
+#include "peer_connection.hpp"
 #include "server_method.hpp"
 #include "text_stream.hpp"
 
@@ -514,7 +515,20 @@ class Api {
     }
     auto state = std::make_shared<Generation>(tok_, c, std::move(ticket), n, prompt.layout, model_id_);
     if (!c.stream) {
-      while (!state->finished) state->take(std::chrono::milliseconds(1000), service_);
+      // Nothing is written until the answer is whole, so a client that went away is found in the kernel's socket
+      // table (PeerWatch), asked every quarter of a second: the engine frees its request.
+      kvfuse_server::PeerWatch peer(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+      bool cancelled = false;
+      auto check = std::chrono::steady_clock::now();
+      while (!state->finished) {
+        state->take(std::chrono::milliseconds(250), service_);
+        if (cancelled || state->finished || std::chrono::steady_clock::now() < check) continue;
+        check = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+        if (peer.gone()) {
+          service_.cancel(state->ticket.id);
+          cancelled = true;
+        }
+      }
       if (state->error) throw ApiError(500, *state->error, "", "engine_error", "server_error");
       json message = {{"role", "assistant"}, {"content", state->text.text()}};
       const json out = {{"id", state->id},

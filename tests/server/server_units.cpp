@@ -1,10 +1,16 @@
 // kvfuse-server's pieces without HTTP: request checks name the field; a prompt's parts are chunks whose tokens do not
 // depend on their neighbours or position; streamed text never splits a UTF-8 sequence or a stop sequence;
-// --method auto reads the calibrations of its own chunk context only.
+// --method auto reads the calibrations of its own chunk context only; a client that closed its connection is seen.
 #include <doctest/doctest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +18,7 @@
 #include "chat_request.hpp"
 #include "kvfuse/core/keys.hpp"
 #include "kvfuse/model/gguf.hpp"
+#include "peer_connection.hpp"
 #include "server_method.hpp"
 #include "text_stream.hpp"
 
@@ -149,6 +156,47 @@ TEST_CASE("server: an incomplete UTF-8 tail is held back") {
   CHECK(kvfuse_server::incomplete_utf8_tail("\xE2\x98\x95") == 0);
   CHECK(kvfuse_server::incomplete_utf8_tail("x\xF0\x9F\x98") == 3);
   CHECK(kvfuse_server::incomplete_utf8_tail("") == 0);
+}
+
+TEST_CASE("server: a loopback client that closed its end of the connection is seen gone; one that did not is not") {
+  // A real TCP connection on 127.0.0.1: a listening socket, a client, the server's accepted end.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  sockaddr_in peer{};
+  len = sizeof peer;
+  const int accepted = ::accept(listener, reinterpret_cast<sockaddr*>(&peer), &len);
+  REQUIRE(accepted >= 0);
+  const int server_port = ntohs(addr.sin_port), client_port = ntohs(peer.sin_port);
+
+  kvfuse_server::PeerWatch watch("127.0.0.1", server_port, "127.0.0.1", client_port);
+  kvfuse_server::PeerWatch other("127.0.0.1", server_port, "127.0.0.1", client_port == 65535 ? 1 : client_port + 1);
+  CHECK(kvfuse_server::peer_state("127.0.0.1", server_port, "127.0.0.1", client_port) ==
+        kvfuse_server::PeerState::open);
+  CHECK_FALSE(watch.gone());
+  CHECK_FALSE(other.gone());  // no such connection: never seen, never gone
+  CHECK(kvfuse_server::peer_state("not an address", server_port, "127.0.0.1", client_port) ==
+        kvfuse_server::PeerState::absent);
+
+  ::close(client);  // the client goes away: the server's end is left in CLOSE_WAIT
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = watch.gone();
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(gone);
+  CHECK(kvfuse_server::peer_state("127.0.0.1", server_port, "127.0.0.1", client_port) ==
+        kvfuse_server::PeerState::closing);
+  ::close(accepted);
+  ::close(listener);
 }
 
 TEST_CASE("real model: server prompts reuse a part's tokens at any position; streamed text stays whole") {

@@ -101,7 +101,7 @@ class Server:
 
     def client(self, **kw):
         import openai
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", **{"max_retries": 0, "timeout": 120, **kw})
 
     def get(self, path):
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
@@ -321,6 +321,31 @@ class ServerTest(OneServerTest):
         done = self.chat(parts(*PASSAGES, QUESTION), extra_body={"kvfuse": {"method": "full"}})
         self.assertTrue(done.choices[0].message.content)
         self.assertEqual(json.loads(self.server.get("/health")[1])["in_flight"], 0)
+
+    def test_client_leaving_a_non_streamed_request_cancels_it(self):
+        import openai
+
+        def finished(reason):
+            metrics = self.server.get("/metrics")[1]
+            line = f'kvfuse_requests_finished_total{{reason="{reason}"}} '
+            return next((float(m[len(line):]) for m in metrics.splitlines() if m.startswith(line)), 0.0)
+
+        cancelled, length = finished("cancelled"), finished("length")
+        impatient = self.server.client(timeout=1.5)  # gives up mid-answer and closes its connection
+        with self.assertRaises(openai.APITimeoutError):
+            # An answer that runs to max_tokens at temperature 0 (it counts on without an end of text).
+            impatient.chat.completions.create(
+                model="smollm2", messages=parts("Write the numbers from one to five hundred in words.", "Go."),
+                temperature=0, max_tokens=2000)
+        def in_flight():
+            return json.loads(self.server.get("/health")[1])["in_flight"]
+
+        deadline = time.time() + 60
+        while time.time() < deadline and (finished("cancelled") == cancelled or in_flight() > 0):
+            time.sleep(0.2)
+        self.assertEqual(finished("cancelled"), cancelled + 1)
+        self.assertEqual(finished("length"), length)  # it did not run to its token limit
+        self.assertEqual(in_flight(), 0)
 
     def test_a_conversations_earlier_turns_are_a_stored_prefix_loaded_by_cake(self):
         system = "Answer from these notes. " + " ".join(PASSAGES * 5)  # about 280 tokens: two whole 128-token chunks
