@@ -7,9 +7,10 @@
 #      measured against full prefill in the same run; prints the table, writes results.json, results.md and the
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/; then the same harness on Gemma 3 270M (sliding-window
 #      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/;
-#   2. kvfuse-serve-bench (continuous batching through kvfuse's request-keyed hooks) and kvfuse-server (started,
-#      called by the official openai client with passages as content parts, then a plain-string conversation whose
-#      turns load the previous turns' KV as Cake's prefix entries, stopped);
+#   2. kvfuse-server (continuous batching through kvfuse's request-keyed hooks: started, called by the official
+#      openai client with passages as content parts, then a plain-string conversation whose turns load the previous
+#      turns' KV as Cake's prefix entries, stopped); KVFUSE_DEMO_SERVE_BENCH=1 adds kvfuse-serve-bench (the same
+#      engine against one request at a time, docs/serving.md);
 #   3. kvfuse-cake-run: Cake's bidirectional loader on the real model and a real store (a disk store behind a
 #      15 MB/s link, chunk sizes chosen from the measured speeds): a 512-token stored prefix of a MuSiQue prompt, computed from the front
 #      while loaded from the back, next to compute-only, load-only and the best static split, each checked
@@ -28,12 +29,15 @@ bash scripts/deps.sh >/dev/null
 build=build/demo
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVFUSE_CUDA=OFF -DKVFUSE_BUILD_TESTS=OFF \
   -DKVFUSE_BUILD_BENCH=ON -DKVFUSE_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run kvfuse-serve-bench kvfuse-server -j"$(nproc)" >/dev/null
+serve_bench=${KVFUSE_DEMO_SERVE_BENCH:-0}
+targets=(kvfuse-cake-sim kvfuse-rag-eval kvfuse-cake-run kvfuse-server)
+if [[ $serve_bench == 1 ]]; then targets+=(kvfuse-serve-bench); fi
+cmake --build "$build" --target "${targets[@]}" -j"$(nproc)" >/dev/null
 sim="$build/examples/kvfuse-cake-sim"
 
 model=$(bash scripts/fetch_model.sh)
 data=${KVFUSE_DATA:-$root/../shared/data/musique_dev.json}
-questions=${KVFUSE_DEMO_QUESTIONS:-2}
+questions=${KVFUSE_DEMO_QUESTIONS:-1}
 passages=${KVFUSE_DEMO_PASSAGES:-5}
 # Each method once at its default setting; KVFUSE_DEMO_SWEEPS=1: also CacheBlend's r, AttnLink's k and Cache-Craft's
 # alpha swept (kvfuse-rag-eval's default list), and more settings on Gemma 3.
@@ -43,7 +47,7 @@ if [[ ${KVFUSE_DEMO_SWEEPS:-0} == 1 ]]; then
   methods=()
   gemma_methods=full,naive,cacheblend,queryaware,queryaware@0.15:0.5,attnlink,cachecraft,cachecraft@0.25
 fi
-echo "== SmolLM2-135M-Instruct ($model) on the CPU backend: $questions MuSiQue dev questions, $passages passages each"
+echo "== SmolLM2-135M-Instruct ($model) on the CPU backend: $questions MuSiQue dev question(s), $passages passages each"
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-rag-eval" --model "$model" --data "$data" --limit "$questions" \
     --max-passages "$passages" "${methods[@]}" --out "$build/rag-eval"
@@ -58,9 +62,9 @@ if [[ -f $data ]]; then
 else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
 fi
-echo
-echo "== Continuous batching: the engine drives, kvfuse plans (kvfuse-serve-bench)"
-if [[ -f $data ]]; then
+if [[ $serve_bench == 1 && -f $data ]]; then
+  echo
+  echo "== Continuous batching: the engine drives, kvfuse plans (kvfuse-serve-bench)"
   echo "8 MuSiQue requests (3 passages each, drawn Zipf from a pool of 8), Poisson arrivals at 2/s, 8 tokens each:"
   echo "CacheBlend through kvfuse's request-keyed hooks in CpuBatchEngine vs one request at a time (FusionPipeline)"
   echo "vs batched full prefill, on the same arrivals"
