@@ -38,10 +38,11 @@
 //   system prompt. none (llamacpp's only choice): chunk caches computed alone from position 0, the system prompt a
 //   chunk like the parts.
 // --prefix-cache: on (the cpu engine's default): a prompt without content parts (plain string messages) is full
-//   prefill whose whole 128-token chunks before its last token are stored as Cake's prefix entries
-//   (BatchEngineConfig::store_prefixes); a later prompt that starts with the same tokens (the same system prompt and
-//   earlier turns) loads them from the back while computing from the front (a Cake request; usage.kvfuse.prefix_tokens
-//   says how many it found). off (llamacpp's only choice): such prompts are computed with the server's method.
+//   prefill whose whole 128-token chunks, the prompt's and then its answer's, are stored as Cake's prefix entries
+//   (BatchEngineConfig::store_prefixes); a later prompt that starts with the same tokens (the same system prompt,
+//   earlier turns and answers) loads them from the back while computing from the front (a Cake request;
+//   usage.kvfuse.prefix_tokens says how many it found). off (llamacpp's only choice): such prompts are computed with
+//   the server's method.
 // --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
 // --queue-limit: requests in the engine at once (queued or running); more are answered 429. --max-running: how many
 //   of them run in one step loop (CpuBatchEngine's max_running, default 16; llama.cpp's regions, default 4).

@@ -245,9 +245,8 @@ TEST_CASE("CpuBatchEngine: a Cake request's failed load is computed instead and 
   }
 }
 
-TEST_CASE("CpuBatchEngine with store_prefixes: a full prefill leaves its whole grid chunks before its last token as "
-          "prefix entries (full prefill's KV), and a later prompt that extends it is a Cake request that gets its "
-          "tokens alone") {
+TEST_CASE("CpuBatchEngine with store_prefixes: a full prefill leaves its prompt's whole grid chunks as prefix entries "
+          "(full prefill's KV), and a later prompt that extends it is a Cake request that gets its tokens alone") {
   const CpuLlama model = small_untied_llama();
   const GenerationRequest first = full_request(make_prompt(100, 7), 3);
   std::vector<token_id> longer = first.tokens;  // the next turn of a conversation: the same tokens, then more
@@ -275,7 +274,7 @@ TEST_CASE("CpuBatchEngine with store_prefixes: a full prefill leaves its whole g
     CHECK(one.tokens.at(1) == alone(model, first));
     CHECK(one.metrics.at(1).stored_prefix == 0);
     const LlamaPrefill full = model.full_prefill(first.tokens);
-    for (std::size_t j = 0; j < 3; ++j) {  // (100 - 1) / 32 whole chunks before the last token
+    for (std::size_t j = 0; j < 3; ++j) {  // 100 / 32 whole chunks (and 102 / 32: the answer adds none)
       CAPTURE(j);
       const std::optional<KVBlock> block = store.get(keys[j]);
       REQUIRE(block.has_value());
@@ -290,7 +289,7 @@ TEST_CASE("CpuBatchEngine with store_prefixes: a full prefill leaves its whole g
       std::memcpy(ref.data(), want.bytes.data(), want.bytes.size());
       for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == doctest::Approx(ref[i]).epsilon(1e-4));
     }
-    CHECK_FALSE(store.contains(keys[3]));  // the shorter last chunk holds the last token, which is always computed
+    CHECK_FALSE(store.contains(keys[3]));  // the shorter last chunk is not a whole one
 
     const Run two = run_all(engine, {second});  // ids continue: the second request is 2
     engine.connector().wait_for_saves();
@@ -298,10 +297,47 @@ TEST_CASE("CpuBatchEngine with store_prefixes: a full prefill leaves its whole g
     CHECK(m.stored_prefix == 96);
     CHECK(m.meet_token + m.loaded_tokens == 96);
     CHECK(two.tokens.at(2) == alone(model, second));
-    CHECK(store.contains(longer_keys[3]));        // its own new whole chunk [96, 128)
-    CHECK_FALSE(store.contains(longer_keys[4]));  // [128, 160) holds its last token
-    CHECK(store.size() == 4);
+    CHECK(store.contains(longer_keys[3]));  // its own new whole chunks [96, 128) and [128, 160) (its last token's)
+    CHECK(store.contains(longer_keys[4]));
+    CHECK(store.size() == 5);  // 163 rows of KV at its end: no whole chunk more
   }
+}
+
+TEST_CASE("CpuBatchEngine with store_prefixes: a finished answer's KV extends the prefix entries, so the next turn "
+          "(prompt, answer, more) loads it by Cake and gets its tokens alone") {
+  const CpuLlama model = small_untied_llama();
+  BatchEngineConfig config = cake_config(LoaderMode::adaptive);
+  config.store_prefixes = true;
+  InMemoryKVStore store;
+  CpuBatchEngine<InMemoryKVStore> engine(model, store, config);
+  const GenerationRequest first = full_request(make_prompt(100, 7), 40);
+  const Run one = run_all(engine, {first});
+  engine.connector().wait_for_saves();
+  const std::vector<token_id>& answer = one.tokens.at(1);
+  REQUIRE(answer.size() == 40);  // to its length: 100 + 39 rows of KV, 4 whole chunks
+
+  std::vector<token_id> next = first.tokens;  // the next turn: the prompt, the answer, then more
+  next.insert(next.end(), answer.begin(), answer.end());
+  for (token_id t : make_prompt(20, 9)) next.push_back(t);
+  const GenerationRequest second = full_request(next, 4);
+  const auto keys = prefix_chunk_keys(model.fingerprint(), second.tokens, kFetchChunk);
+  CHECK(store.size() == 4);
+  for (std::size_t j = 0; j < 4; ++j) CHECK(store.contains(keys[j]));
+  // [96, 128): the prompt's last 4 rows and the answer's first 28, decoded one by one: full prefill's KV to rounding.
+  const std::optional<KVBlock> block = store.get(keys[3]);
+  REQUIRE(block.has_value());
+  const KVBlock want = model.full_prefill(second.tokens).kv.to_block({96, 128});
+  REQUIRE(block->bytes.size() == want.bytes.size());
+  std::vector<float> got(block->bytes.size() / sizeof(float)), ref(got.size());
+  std::memcpy(got.data(), block->bytes.data(), block->bytes.size());
+  std::memcpy(ref.data(), want.bytes.data(), want.bytes.size());
+  for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == doctest::Approx(ref[i]).epsilon(1e-4));
+
+  const Run two = run_all(engine, {second});
+  const RequestMetrics& m = two.metrics.at(2);
+  CHECK(m.stored_prefix == 128);
+  CHECK(m.meet_token + m.loaded_tokens == 128);
+  CHECK(two.tokens.at(2) == alone(model, second));
 }
 
 TEST_CASE("CpuBatchEngine: each step decodes first, then chunked prefill, then Cake's compute side, within budget") {

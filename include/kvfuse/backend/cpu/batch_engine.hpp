@@ -20,7 +20,8 @@
 // so that they do not lengthen the prefill of the request that needs them; one a step once it has waited a step, so
 // that a server whose budget is always taken still stores them. The step whose prefill computes a prompt's last row
 // samples the first token; each later step one more. With BatchEngineConfig::store_prefixes, that step also saves the
-// prompt's KV as Cake's prefix entries for later requests with the same prefix. Requests arrive (submit) and leave
+// prompt's KV as Cake's prefix entries for later requests with the same prefix, and a full prefill's finish saves
+// its answer's KV rows after them (a conversation's next turn starts with the prompt and the answer). Requests arrive (submit) and leave
 // (finish, cancel) between steps; a finished request frees its KV.
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
@@ -128,10 +129,11 @@ struct BatchEngineConfig {
                                             // compute side then takes at most choose_chunk_sizes' compute chunk (for
                                             // its stored prefix, under cake_rule) per step, its estimate from them
   ChunkRule cake_rule{};
-  bool store_prefixes = false;         // a full prefill leaves its prompt's KV as Cake's prefix entries (prefix_chunk_keys
-                                       // on cake.fetch_chunk's grid: the whole chunks before its last token), so that a
-                                       // later prompt that starts with the same tokens (a conversation's system prompt
-                                       // and earlier turns) is a Cake request
+  bool store_prefixes = false;         // a full prefill leaves its prompt's KV, then its answer's, as Cake's prefix
+                                       // entries (prefix_chunk_keys on cake.fetch_chunk's grid: the whole chunks of the
+                                       // rows whose KV it computed), so that a later prompt that starts with the same
+                                       // tokens (a conversation's system prompt, earlier turns and answers) is a Cake
+                                       // request
 
   void validate() const {
     budget.validate();
@@ -421,6 +423,8 @@ class CpuBatchEngine {
     std::optional<TokenSet> second;    // a two-pass plan after its probe pass: the rows of the second pass
     std::mt19937_64 rng;
     token_id last = 0;
+    std::vector<token_id> generated;   // with store_prefixes: the answer so far, whose KV rows follow the prompt's
+    std::int64_t saved_chunks = 0;     // with store_prefixes: the grid chunks saved (or found stored) so far
     std::int64_t selected_rows = 0;
     Clock::time_point submitted;
     RequestMetrics metrics;
@@ -561,19 +565,25 @@ class CpuBatchEngine {
     }
   }
 
-  // A full prefill's prompt KV as Cake's prefix entries (Cake appendix A, step 2): the whole fetch_chunk-grid chunks
-  // before its last token (which a Cake request always computes), less those found stored when it was admitted and
-  // those being saved; asynchronous puts, as the chunk caches'.
-  void save_prefix(const Running& r) {
+  // A full prefill's KV as Cake's prefix entries (Cake appendix A, step 2): the whole fetch_chunk-grid chunks of the
+  // rows whose KV it computed so far — the prompt's when its prefill ends, then, when it finishes, its answer's after
+  // them (decoding computes each answer token's KV but the last's) — less those found stored when it was admitted,
+  // those saved before and those being saved; asynchronous puts, as the chunk caches'.
+  void save_prefix(Running& r) {
     const std::int64_t c = config_.cake.fetch_chunk;
-    const std::int64_t whole = (r.num_tokens() - 1) / c;
-    if (whole <= r.metrics.stored_prefix / c) return;
-    const std::vector<KVKey> keys = prefix_chunk_keys(r.fusion.model_fingerprint(), r.request.tokens, c);
-    for (std::int64_t j = r.metrics.stored_prefix / c; j < whole; ++j) {
+    const std::int64_t whole = r.fusion.kv().num_rows() / c;
+    const std::int64_t first = std::max(r.metrics.stored_prefix / c, r.saved_chunks);
+    if (whole <= first) return;
+    std::vector<token_id> tokens = r.request.tokens;  // the rows' tokens: the prompt's, then the answer's
+    tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+    const std::vector<KVKey> keys = prefix_chunk_keys(r.fusion.model_fingerprint(),
+                                                      std::span<const token_id>(tokens).first(whole * c), c);
+    for (std::int64_t j = first; j < whole; ++j) {
       const KVKey& key = keys[static_cast<std::size_t>(j)];
       if (!saving_.insert(key.content).second) continue;
       connector_.save(key, r.fusion.save_rows({j * c, (j + 1) * c}));
     }
+    r.saved_chunks = whole;
   }
 
   // r leaves: its loads stop, its buffers are freed.
@@ -603,11 +613,13 @@ class CpuBatchEngine {
       ev.token = t;
       r.last = t;
       ++r.metrics.completion_tokens;
+      if (config_.store_prefixes) r.generated.push_back(t);
     }
     if (stop || r.metrics.completion_tokens == r.request.max_new_tokens) {
       ev.finish = stop ? FinishReason::stop : FinishReason::length;
       ev.metrics = r.metrics;
       r.phase = Phase::done;
+      if (config_.store_prefixes && r.is_full()) save_prefix(r);  // the answer's KV after the prompt's
     }
     events.push_back(std::move(ev));
   }
