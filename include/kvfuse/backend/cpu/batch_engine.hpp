@@ -21,8 +21,8 @@
 // that a server whose budget is always taken still stores them. The step whose prefill computes a prompt's last row
 // samples the first token; each later step one more. With BatchEngineConfig::store_prefixes, that step also saves the
 // prompt's KV as Cake's prefix entries for later requests with the same prefix, and a full prefill's finish saves
-// its answer's KV rows after them (a conversation's next turn starts with the prompt and the answer). Requests arrive (submit) and leave
-// (finish, cancel) between steps; a finished request frees its KV.
+// its answer's KV rows after them (a conversation's next turn starts with the prompt and the answer). Requests
+// arrive (submit) and leave (finish, cancel) between steps; a finished request frees its KV.
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
 // (FusionConnector::recover: those chunks are computed instead) and it prefills again in a later step; the other
