@@ -319,10 +319,15 @@ def check_cake_simulation(root):
 
 
 def check_cake_defaults(root):
-    """docs/cake-real.md, Cake at its defaults: one row per link speed (results/cake-defaults-2026-11-27/link-N.jsonl,
-    kvfuse-cake-run's output; its first line is the row)."""
+    """docs/cake-real.md, Cake at its defaults: one row per link speed (results/cake-defaults-DATE/link-N.jsonl,
+    kvfuse-cake-run's output; its first line is the row), for each run's table."""
+    for run, anchor in (("2026-11-27", "| link MB/s | chunks (compute / fetch) |"),
+                        ("2026-11-29", "| link MB/s (idle) | chunks (compute / fetch) |")):
+        cake_defaults_table(root, root / f"docs/results/cake-defaults-{run}", anchor, f"Cake at its defaults, {run}")
+
+
+def cake_defaults_table(root, d, anchor, what):
     page = Page(root, "docs/cake-real.md")
-    d = root / "docs/results/cake-defaults-2026-11-27"
     expected = {}
     for f in sorted(d.glob("link-*.jsonl")):
         r = json.loads(f.read_text(encoding="utf-8").splitlines()[0])
@@ -332,7 +337,7 @@ def check_cake_defaults(root):
             f"{t['io_only']:.0f}", f"{t['best_split']:.0f} ({r['best_split_token']:.0f})",
             f"{r['cake_vs_best_split']:.3f}", f"{r['cake_vs_best_single']:.3f}", f"{r['meet_token']:.0f}",
             f"{r['predicted_cake_ms']:.0f}"]
-    page.compare("| link MB/s | chunks (compute / fetch) |", "cake-real.md, Cake at its defaults", expected)
+    page.compare(anchor, f"cake-real.md, {what}", expected)
 
 
 def markdown_tables(text):
