@@ -761,8 +761,7 @@ int main(int argc, char** argv) try {
       cake = fmt::format(", prefix cache (Cake; compute {:.2f} ms + {:.3f} ms/token)",
                          1e3 * config.cake_speeds->compute_call_s, 1e3 * config.cake_speeds->compute_token_s);
     }
-    Service<kvfuse::CpuBatchEngine<kvfuse::AnyKVStore>> service(queue_limit, metrics, model, stores.store(),
-                                                                        config);
+    Service<kvfuse::CpuBatchEngine<kvfuse::AnyKVStore>> service(queue_limit, metrics, model, stores.store(), config);
     Api api(o, model.config().context_length, tok, method, service, stores, metrics);
     api.routes(svr);
     return serve(o, api, svr,

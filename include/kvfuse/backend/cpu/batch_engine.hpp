@@ -423,7 +423,7 @@ class CpuBatchEngine {
     std::optional<TokenSet> second;    // a two-pass plan after its probe pass: the rows of the second pass
     std::mt19937_64 rng;
     token_id last = 0;
-    std::vector<token_id> generated;   // with store_prefixes: the answer so far, whose KV rows follow the prompt's
+    std::vector<token_id> generated;   // a full prefill with store_prefixes: its answer so far (rows after the prompt)
     std::int64_t saved_chunks = 0;     // with store_prefixes: the grid chunks saved (or found stored) so far
     std::int64_t selected_rows = 0;
     Clock::time_point submitted;
@@ -613,7 +613,7 @@ class CpuBatchEngine {
       ev.token = t;
       r.last = t;
       ++r.metrics.completion_tokens;
-      if (config_.store_prefixes) r.generated.push_back(t);
+      if (config_.store_prefixes && r.is_full()) r.generated.push_back(t);
     }
     if (stop || r.metrics.completion_tokens == r.request.max_new_tokens) {
       ev.finish = stop ? FinishReason::stop : FinishReason::length;
