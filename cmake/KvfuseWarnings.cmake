@@ -1,4 +1,4 @@
-# kvfuse_project_options(<target>): warnings (and sanitizers when KVFUSE_SANITIZE / KVFUSE_TSAN) for kvfuse's own
+# kvfuse_project_options(<target>): warnings (and ASan + UBSan when KVFUSE_SANITIZE) for kvfuse's own
 # binaries. Never applied to kvfuse::kvfuse itself, so consumers keep their own flags.
 function(kvfuse_project_options target)
   target_compile_options(${target} PRIVATE
@@ -12,10 +12,13 @@ function(kvfuse_project_options target)
       $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer>)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   endif()
-  if(KVFUSE_TSAN)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer>)
-    target_link_options(${target} PRIVATE -fsanitize=thread)
-  endif()
+endfunction()
+
+# kvfuse_tsan_options(<target>): ThreadSanitizer at -O1 with line tables (KVFUSE_TSAN: kvfuse-store-tests and the copy
+# of the CPU engine it links; every other target of the build stays as it is).
+function(kvfuse_tsan_options target)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread -fno-omit-frame-pointer -O1 -g1>)
+  target_link_options(${target} PRIVATE -fsanitize=thread)
 endfunction()
 
 # kvfuse_cuda_options(<target>): kvfuse's own CUDA binaries (GPU tests, kernel benchmarks). Code for sm_90
@@ -51,3 +54,23 @@ function(kvfuse_unity_groups target)
     endif()
   endforeach()
 endfunction()
+
+# kvfuse_bench_options(<target>): a host benchmark. With KVFUSE_BENCH_CHECK_ONLY (the ci preset) it is compiled at -O0
+# only to check that it builds, and refuses to run (kvfuse/harness/bench_build.hpp); the bench preset builds it to
+# measure. (The CUDA benchmarks' host code is compiled at -O0 there too: their timings are the device's, which nvcc
+# optimizes either way, and scripts/bench_kernels.sh builds its own.)
+function(kvfuse_bench_options target)
+  kvfuse_project_options(${target})
+  if(KVFUSE_BENCH_CHECK_ONLY)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)
+    target_compile_definitions(${target} PRIVATE KVFUSE_BENCH_CHECK_ONLY)
+  endif()
+endfunction()
+
+# kvfuse's own test binaries build at -O2 where the build is optimized at -O3 (Release): GCC took 28 % less time on
+# a file that includes the CPU engine (examples/kvfuse_logits.cpp: 33 s against 46 s, 2026-11-27), which is most of
+# these binaries' compile time in CI. What users run (examples, apps, measuring benchmarks) stays at -O3. Not -O1:
+# the largest unity file compiled in 75 s instead of 108 s, but the real-model tests ran 2.5-3.7 times as long (the
+# pipeline, selection and store code they run is compiled there; measured 2026-11-28). tests/ applies it to the
+# directory; the tests beside an application or integration (server units, llama.cpp) to their targets.
+set(KVFUSE_TEST_OPTIMIZATION "$<$<AND:$<CONFIG:Release>,$<COMPILE_LANGUAGE:CXX>>:-O2>")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# kvfuse's reference CPU backend against llama.cpp, side by side: builds kvfuse-bench-prefill in build/ci
-# (configured with -DKVFUSE_LLAMACPP=ON), then times a full prefill of the same N MuSiQue tokens of the same GGUF
+# kvfuse's reference CPU backend against llama.cpp, side by side: builds kvfuse-bench-prefill in build/bench (the
+# bench preset, configured here with llama.cpp's source from scripts/fetch_llamacpp.sh), then times a full prefill of the same N MuSiQue tokens of the same GGUF
 # on the same threads with each engine (CpuLlama::full_prefill; llama_decode in 512-token batches), for N = 512,
 # 2048 and 6144. Each engine runs in its own process, so that peak RSS (VmHWM) is its own; the order of the two
 # alternates from one N to the next. About 6 minutes on 2 threads with SmolLM2 (kvfuse's 6144-token prefill is
@@ -10,13 +10,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-grep -q '^KVFUSE_LLAMACPP:BOOL=ON' build/ci/CMakeCache.txt 2>/dev/null || {
-  echo "bench_llamacpp.sh: configure build/ci with llama.cpp first:" \
-    "cmake --preset ci -DKVFUSE_LLAMACPP=ON -DKVFUSE_LLAMACPP_SOURCE=\"\$(bash scripts/fetch_llamacpp.sh)\"" >&2
-  exit 2
-}
-cmake --build build/ci --target kvfuse-bench-prefill
-bin=build/ci/integrations/llamacpp/kvfuse-bench-prefill
+cmake --preset bench -DKVFUSE_LLAMACPP=ON -DKVFUSE_LLAMACPP_SOURCE="$(bash scripts/fetch_llamacpp.sh)" >/dev/null
+cmake --build build/bench --target kvfuse-bench-prefill
+bin=build/bench/integrations/llamacpp/kvfuse-bench-prefill
 model=${KVFUSE_BENCH_MODEL:-$(bash scripts/fetch_model.sh smollm2)}
 threads=${KVFUSE_BENCH_THREADS:-2}
 reps=${KVFUSE_BENCH_REPS:-3}

@@ -7,8 +7,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bench=${KVFUSE_SERVE_BENCH:-build/ci/bench/kvfuse-serve-bench}
-[ -x "$bench" ] || { echo "build kvfuse-serve-bench first (cmake --preset ci && cmake --build --preset ci)" >&2; exit 2; }
+bench=${KVFUSE_SERVE_BENCH:-build/bench/bench/kvfuse-serve-bench}
+[ -x "$bench" ] || { echo "build kvfuse-serve-bench first (cmake --preset bench && cmake --build --preset bench)" >&2; exit 2; }
 model=${KVFUSE_MODEL:-$(bash scripts/fetch_model.sh)}
 data=${KVFUSE_DATA:-$root/../shared/data/musique_dev.json}
 out=${OUT:-build/bench-serving}

@@ -4,16 +4,16 @@
 # same port (its restarts are its own children; this script shuts down whatever serves the port at exit).
 # Builds nothing.
 #   scripts/soak.sh [BIN] [-- bench flags...]     e.g. scripts/soak.sh -- --seconds 600 --json build/soak.json
-#   BIN: the kvfuse-bench-soak binary (default build/ci/bench/kvfuse-bench-soak; also $KVFUSE_BENCH_SOAK)
+#   BIN: the kvfuse-bench-soak binary (default build/bench/bench/kvfuse-bench-soak, the bench preset; also $KVFUSE_BENCH_SOAK)
 # Exit status: the bench's (0 pass, 1 a failed request / wrong-KV use / byte lost, 2 setup error); a crash of the
 # bench (killed by a signal) is reported as such.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bin=${KVFUSE_BENCH_SOAK:-build/ci/bench/kvfuse-bench-soak}
+bin=${KVFUSE_BENCH_SOAK:-build/bench/bench/kvfuse-bench-soak}
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then bin=$1; shift; fi
 [ "${1:-}" = "--" ] && shift
-[ -x "$bin" ] || { echo "soak.sh: no executable $bin (build the kvfuse-bench-soak target first)" >&2; exit 2; }
+[ -x "$bin" ] || { echo "soak.sh: no executable $bin (cmake --preset bench && cmake --build --preset bench --target kvfuse-bench-soak)" >&2; exit 2; }
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
   { echo "soak.sh: redis-server and redis-cli must be on PATH" >&2; exit 2; }
 

@@ -2,10 +2,10 @@
 # One command that sets up everything and runs every test kvfuse has:
 #   1. scripts/deps.sh                      missing apt packages and Conan 2
 #   2. cmake --workflow --preset ci         Release, -Werror, CUDA compiled, benchmarks built, the llama.cpp
-#                                           integration built from its source (scripts/fetch_llamacpp.sh), all tests
+#                                           integration built from its source (scripts/fetch_llamacpp.sh), all tests;
+#                                           the store, Redis, fault and concurrency tests under ThreadSanitizer
 #   3. cmake --workflow --preset sanitize   Debug, ASan + UBSan, host tests
-#   4. cmake --workflow --preset tsan       ThreadSanitizer on the store, Redis, fault and concurrency tests
-#   5. conan create (cuda=False, cuda=True) the Conan package and its test_package
+#   4. conan create (cuda=False, cuda=True) the Conan package and its test_package
 # Stops at the first failure and prints a summary either way. Parallelism follows the machine
 # (override with CMAKE_BUILD_PARALLEL_LEVEL / CTEST_PARALLEL_LEVEL). Conan runs with its own
 # CONAN_HOME under build/ (override with KVFUSE_CONAN_HOME) and never contacts a remote.
@@ -75,7 +75,6 @@ export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$jobs}
 
 step "cmake --workflow --preset ci" cmake --workflow --preset ci
 step "cmake --workflow --preset sanitize" cmake --workflow --preset sanitize
-step "cmake --workflow --preset tsan" cmake --workflow --preset tsan
 
 export CONAN_HOME=${KVFUSE_CONAN_HOME:-$root/build/conan-home}
 step "conan profile detect" conan profile detect --exist-ok

@@ -52,6 +52,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvfuse/cpu.hpp"
+#include "kvfuse/harness/bench_build.hpp"
 
 namespace {
 
@@ -389,6 +390,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvfuse::harness::refuse_check_only_build("kvfuse-cpu-bench");
   try {
     return run(parse_args(argc, argv));
   } catch (const kvfuse::error& e) {

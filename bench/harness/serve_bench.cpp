@@ -47,6 +47,7 @@
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
 #include "kvfuse/harness/rag_prompt.hpp"
+#include "kvfuse/harness/bench_build.hpp"
 
 #include "../../examples/musique.hpp"
 
@@ -199,6 +200,7 @@ nlohmann::json ttft(const ArmResult& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvfuse::harness::refuse_check_only_build("kvfuse-serve-bench");
   try {
     const Options o = parse(argc, argv);
     const std::string path = kvfuse_example::resolve_model(o.model);

@@ -94,6 +94,7 @@
 #include "kvfuse/backend/tiered_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
+#include "kvfuse/harness/bench_build.hpp"
 
 #include "../examples/musique.hpp"
 
@@ -1147,6 +1148,7 @@ int soak(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvfuse::harness::refuse_check_only_build("kvfuse-bench-soak");
   try {
     return soak(parse_args(argc, argv));
   } catch (const std::exception& e) {

@@ -59,6 +59,7 @@
 #include "kvfuse/runtime.hpp"
 #ifdef KVFUSE_BENCH_REDIS
 #include "kvfuse/backend/redis_kv_store.hpp"
+#include "kvfuse/harness/bench_build.hpp"
 #endif
 
 #include "../examples/musique.hpp"
@@ -391,6 +392,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvfuse::harness::refuse_check_only_build("kvfuse-bench-store");
   try {
     return run(parse_args(argc, argv));
   } catch (const std::exception& e) {

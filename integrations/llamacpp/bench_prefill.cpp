@@ -48,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvfuse/cpu.hpp"
+#include "kvfuse/harness/bench_build.hpp"
 
 #include "musique.hpp"
 
@@ -288,6 +289,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvfuse::harness::refuse_check_only_build("kvfuse-bench-prefill");
   try {
     return run(parse_args(argc, argv));
   } catch (const std::exception& e) {
