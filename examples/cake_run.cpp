@@ -1,10 +1,11 @@
 // kvfuse-cake-run: Cake on real compute and real I/O. Each request is the first --prefix-tokens tokens (on the
 // fetch-chunk grid) of a MuSiQue RAG prompt followed by its question. That prefix is made offline by a full
 // prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
-// token's logits (TTFT) is measured for Cake (LoaderMode::adaptive: compute from the front, load from the back),
-// compute-only, load-only and the best static split found by trying every split point on the fetch grid, all on
-// the reference CPU backend and the real store. Every run's first-token logits are checked against full prefill
-// (equal up to float rounding).
+// token's logits (TTFT) is measured on the reference CPU backend and the real store: every static split on the fetch
+// grid once, to find the best; then Cake (LoaderMode::adaptive: compute from the front, load from the back),
+// compute-only, load-only and that best split, --repeats times each, interleaved. The medians are what is compared
+// (the sweep's minimum over many noisy runs is biased low; it is reported beside them). Every run's first-token
+// logits are checked against full prefill (equal up to float rounding).
 //
 // Chunk sizes and the adaptive mode's estimate come from speeds kept for this engine and link (CakeSpeedMeter):
 // the compute side's fixed cost per forward pass and cost per token, timed once at start on passes of 16, 64 and
@@ -15,13 +16,13 @@
 //   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
 //                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]
 //                   [--compute-chunk N] [--fetch-chunk N] [--threads 0] [--out DIR] [--method cacheblend]
-//                   [--serve N] [--decode-tokens 8]
+//                   [--serve N] [--decode-tokens 8] [--repeats 3]
 //
-// Prints one JSON object: means over the prompts of the TTFT of each run, the meeting point, the best split,
-// the link's nominal and measured speed, the prompt and stored-prefix lengths, each prompt's chunk sizes and
-// predicted TTFT, and the speeds measured by the end. Then one composed request
-// (run_composed) on the first question's prompt with its first four passages: system prompt + passage 1 stored
-// as the exact prefix and prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
+// Prints one JSON object: means over the prompts of each run's median TTFT (and of the sweep's minimum), the meeting
+// point, the best split, the link's nominal and measured speed, the prompt and stored-prefix lengths, each prompt's
+// chunk sizes and predicted TTFT, and the speeds measured by the end. Then one composed request (run_composed) on the
+// first question's prompt with its first four passages: system prompt + passage 1 stored as the exact prefix and
+// prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
 // question; a second JSON object gives its TTFT next to full prefill's, the first token's KL and agreement, and
 // how much of the chunk caches' load stayed visible with layer-pipelined loading. With --serve N, N requests (the
 // N questions from --start, each request as above; every other one has its stored prefix, the rest are plain) run
@@ -72,7 +73,7 @@ struct Options {
   std::string data, model, store = "memory", cache_dir, out, method = "cacheblend";
   std::int64_t prefix_tokens = 2048, limit = 1, start = 0, threads = 0;
   std::int64_t compute_chunk = 0, fetch_chunk = 0;  // 0: chosen from the measured speeds
-  std::int64_t serve = 0, decode_tokens = 8;
+  std::int64_t serve = 0, decode_tokens = 8, repeats = 3;
   kvfuse::LinkConfig link{20.0, 1.0};
 };
 
@@ -96,6 +97,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--threads") o.threads = parse_int(flag, v);
     else if (flag == "--serve") o.serve = parse_int(flag, v);
     else if (flag == "--decode-tokens") o.decode_tokens = parse_int(flag, v);
+    else if (flag == "--repeats") o.repeats = parse_int(flag, v);
     else if (flag == "--link-mbps") o.link.megabytes_per_s = parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link.latency_ms = parse_real(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
@@ -103,6 +105,7 @@ Options parse(int argc, char** argv) {
   kvfuse::require(!o.data.empty(), "--data FILE is required (MuSiQue JSON: ctxs[].text, question, answers)");
   kvfuse::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
   kvfuse::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
+  kvfuse::require(o.repeats >= 1, "--repeats: {} must be >= 1", o.repeats);
   kvfuse::require(o.compute_chunk >= 0, "--compute-chunk: {} must be >= 0 (0: chosen from measured speeds)",
                   o.compute_chunk);
   kvfuse::require(o.fetch_chunk >= 0, "--fetch-chunk: {} must be >= 0 (0: chosen from measured speeds)", o.fetch_chunk);
@@ -208,7 +211,8 @@ int main(int argc, char** argv) try {
 
   const auto measure = [&](kvfuse::AnyKVStore& inner) {
     kvfuse::ThrottledKVStore link(inner, o.link);
-    double cake = 0, compute_only = 0, io_only = 0, best = 0, meet = 0, best_token = 0, tokens_sum = 0, stored_sum = 0;
+    double cake = 0, compute_only = 0, io_only = 0, best = 0, sweep_min = 0, meet = 0, best_token = 0, tokens_sum = 0;
+    double stored_sum = 0;
     double predicted = 0;
     nlohmann::json chunks = nlohmann::json::array();
     bool exact = true;
@@ -238,23 +242,38 @@ int main(int argc, char** argv) try {
         meter.observe(t);
         return t;
       };
-      kvfuse::LoaderConfig config{sizes.compute_chunk, fetch_chunk};
-      const kvfuse::LoaderTrace t = run(config);
-      if (qi == 0 && !o.out.empty()) write_timeline(o.out, t, o);
-      cake += t.ready_s;
-      meet += static_cast<double>(t.meet_token);
-      config.mode = kvfuse::LoaderMode::compute_only;
-      compute_only += run(config).ready_s;
-      config.mode = kvfuse::LoaderMode::load_only;
-      io_only += run(config).ready_s;
-      config.mode = kvfuse::LoaderMode::static_split;
-      double best_s = std::numeric_limits<double>::infinity();
+      // Every static split on the fetch grid once: the best one.
+      kvfuse::LoaderConfig split{sizes.compute_chunk, fetch_chunk};
+      split.mode = kvfuse::LoaderMode::static_split;
+      double sweep_s = std::numeric_limits<double>::infinity();
       std::int64_t best_at = 0;
-      for (config.split = 0; config.split <= stored; config.split += fetch_chunk) {
-        const double r = run(config).ready_s;
-        if (r < best_s) std::tie(best_s, best_at) = std::pair{r, config.split};
+      for (split.split = 0; split.split <= stored; split.split += fetch_chunk) {
+        const double r = run(split).ready_s;
+        if (r < sweep_s) std::tie(sweep_s, best_at) = std::pair{r, split.split};
       }
-      best += best_s;
+      split.split = best_at;
+      // Then Cake, compute-only, load-only and that split, --repeats times each, interleaved; the medians are compared
+      // (the sweep's minimum over many noisy runs is biased low: it is reported beside them).
+      const kvfuse::LoaderConfig cake_config{sizes.compute_chunk, fetch_chunk};
+      kvfuse::LoaderConfig compute_config = cake_config, load_config = cake_config;
+      compute_config.mode = kvfuse::LoaderMode::compute_only;
+      load_config.mode = kvfuse::LoaderMode::load_only;
+      std::vector<double> cake_s, compute_s, load_s, split_s, meets;
+      for (std::int64_t r = 0; r < o.repeats; ++r) {
+        const kvfuse::LoaderTrace t = run(cake_config);
+        if (qi == 0 && r == 0 && !o.out.empty()) write_timeline(o.out, t, o);
+        cake_s.push_back(t.ready_s);
+        meets.push_back(static_cast<double>(t.meet_token));
+        compute_s.push_back(run(compute_config).ready_s);
+        load_s.push_back(run(load_config).ready_s);
+        split_s.push_back(run(split).ready_s);
+      }
+      cake += kvfuse::eval::median(cake_s);
+      meet += kvfuse::eval::median(meets);
+      compute_only += kvfuse::eval::median(compute_s);
+      io_only += kvfuse::eval::median(load_s);
+      best += kvfuse::eval::median(split_s);
+      sweep_min += sweep_s;
       best_token += static_cast<double>(best_at);
       tokens_sum += static_cast<double>(tokens.size());
       stored_sum += static_cast<double>(stored);
@@ -264,7 +283,8 @@ int main(int argc, char** argv) try {
     const double ms = 1000.0 / n;
     nlohmann::json j;
     j["ttft_ms"] = {{"cake", cake * ms}, {"compute_only", compute_only * ms}, {"io_only", io_only * ms},
-                    {"best_split", best * ms}};
+                    {"best_split", best * ms}, {"best_split_sweep_min", sweep_min * ms}};
+    j["repeats"] = o.repeats;
     j["cake_vs_best_split"] = cake / best;
     j["cake_vs_best_single"] = cake / std::min(compute_only, io_only);
     j["predicted_cake_ms"] = predicted * ms;

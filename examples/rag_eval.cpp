@@ -300,10 +300,7 @@ struct Sums {
   [[nodiscard]] nlohmann::json mean() const {
     nlohmann::json j;
     for (const auto& [k, v] : sum) j[k] = v / static_cast<double>(count.at(k));
-    std::vector<double> r = ratios;
-    std::sort(r.begin(), r.end());
-    j["ttft_ratio_vs_full_median"] =
-        r.size() % 2 == 1 ? r[r.size() / 2] : 0.5 * (r[r.size() / 2 - 1] + r[r.size() / 2]);
+    j["ttft_ratio_vs_full_median"] = kvfuse::eval::median(ratios);
     return j;
   }
 };

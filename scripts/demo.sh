@@ -108,7 +108,7 @@ echo
 echo "== Cake on the real model: a 512-token stored prefix on disk behind a 15 MB/s link (kvfuse-cake-run)"
 if [[ -f $data ]]; then
   "$build/examples/kvfuse-cake-run" --model "$model" --data "$data" --limit 1 --prefix-tokens 512 \
-    --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run" --serve 3 --decode-tokens 8
+    --store disk --link-mbps 15 --link-latency-ms 1 --out "$build/cake-run" --serve 3 --decode-tokens 8 --repeats 1
   echo "(first line: ttft_ms per strategy; chunks: the compute and fetch chunks chosen from speeds_ms, the speeds"
   echo " measured on this machine; matches_full_prefill: every run's first-token logits equal full"
   echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."

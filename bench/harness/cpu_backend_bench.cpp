@@ -53,6 +53,7 @@
 
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/harness/bench_build.hpp"
+#include "kvfuse/harness/metrics.hpp"
 
 namespace {
 
@@ -129,11 +130,7 @@ Args parse_args(int argc, char** argv) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
+using kvfuse::eval::median;
 
 // "median (min–max)" of v with the given precision.
 std::string spread(const std::vector<double>& v, int digits) {

@@ -60,6 +60,7 @@
 #ifdef KVFUSE_BENCH_REDIS
 #include "kvfuse/backend/redis_kv_store.hpp"
 #include "kvfuse/harness/bench_build.hpp"
+#include "kvfuse/harness/metrics.hpp"
 #endif
 
 #include "../examples/musique.hpp"
@@ -242,11 +243,7 @@ std::vector<BenchStore> make_stores(const Args& a, const fs::path& root) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
+using kvfuse::eval::median;
 
 // The q-quantile (nearest rank) of v.
 double quantile(std::vector<double> v, double q) {

@@ -49,6 +49,7 @@
 
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/harness/bench_build.hpp"
+#include "kvfuse/harness/metrics.hpp"
 
 #include "musique.hpp"
 
@@ -230,11 +231,7 @@ std::vector<double> bench_llamacpp(const Args& a, std::span<const kvfuse::token_
       [&] { decode_range(ctx.get(), batch.b, tokens, 0, n); });
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
+using kvfuse::eval::median;
 
 // --decode-cost (see the header): the prompt's tokens are the context, the rows decoded after it repeat its first
 // tokens (their values do not change the time).

@@ -47,6 +47,14 @@ namespace kvfuse::detail {
 
 namespace kvfuse::eval {
 
+// The median of v (the mean of the middle two for an even count); v must not be empty.
+[[nodiscard]] inline double median(std::vector<double> v) {
+  detail::require(!v.empty(), "median: no values");
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
 // SQuAD's normalize_answer: white_space_fix(remove_articles(remove_punc(lower(s)))). Lowercasing and
 // punctuation are ASCII only; non-ASCII bytes are kept as they are and count as word characters, so
 // "thé" is not the article "the".
