@@ -326,6 +326,24 @@ def check_cake_defaults(root):
         cake_defaults_table(root, root / f"docs/results/cake-defaults-{run}", anchor, f"Cake at its defaults, {run}")
 
 
+def check_cake_repeats(root):
+    """docs/cake-real.md, Cake at its defaults with medians (kvfuse-cake-run --repeats 5, results/cake-repeats-
+    2026-11-29/link-N.jsonl; the first line of each is the row): Cake, compute-only, load-only and the best split each
+    a median of 5 reruns, the sweep's minimum beside them."""
+    page = Page(root, "docs/cake-real.md")
+    expected = {}
+    for f in sorted((root / "docs/results/cake-repeats-2026-11-29").glob("link-*.jsonl")):
+        r = json.loads(f.read_text(encoding="utf-8").splitlines()[0])
+        t, c = r["ttft_ms"], r["chunks"][0]
+        expected[f"{r['link_mbps']:g}"] = [
+            f"{c['compute_chunk']} / {c['fetch_chunk']}", f"{t['cake']:.0f}", f"{t['compute_only']:.0f}",
+            f"{t['io_only']:.0f}", f"{t['best_split']:.0f} ({r['best_split_token']:.0f})",
+            f"{t['best_split_sweep_min']:.0f}", f"{r['cake_vs_best_split']:.3f}",
+            f"{t['cake'] / t['best_split_sweep_min']:.3f}", f"{r['cake_vs_best_single']:.3f}",
+            f"{r['meet_token']:.0f}"]
+    page.compare("| link MB/s (medians of 5) |", "cake-real.md, Cake at its defaults with medians", expected)
+
+
 def cake_defaults_table(root, d, anchor, what):
     page = Page(root, "docs/cake-real.md")
     expected = {}
@@ -656,7 +674,7 @@ def main():
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_28(root, merge),
               lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
-              lambda: check_cake_simulation(root), lambda: check_cake_defaults(root),
+              lambda: check_cake_simulation(root), lambda: check_cake_defaults(root), lambda: check_cake_repeats(root),
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
