@@ -46,8 +46,8 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/cpu.hpp"
 #include "kvfuse/fusion/fusion_pipeline.hpp"
-#include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/harness/bench_build.hpp"
+#include "kvfuse/harness/rag_prompt.hpp"
 
 #include "../../examples/musique.hpp"
 

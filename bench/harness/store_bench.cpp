@@ -55,12 +55,12 @@
 #include "kvfuse/backend/in_memory_store.hpp"
 #include "kvfuse/backend/throttled_kv_store.hpp"
 #include "kvfuse/cpu.hpp"
+#include "kvfuse/harness/bench_build.hpp"
+#include "kvfuse/harness/metrics.hpp"
 #include "kvfuse/harness/rag_prompt.hpp"
 #include "kvfuse/runtime.hpp"
 #ifdef KVFUSE_BENCH_REDIS
 #include "kvfuse/backend/redis_kv_store.hpp"
-#include "kvfuse/harness/bench_build.hpp"
-#include "kvfuse/harness/metrics.hpp"
 #endif
 
 #include "../examples/musique.hpp"
