@@ -33,10 +33,10 @@ inline kvfuse::FusionMethod server_method(std::string_view text, std::string_vie
                   "fusion method '{}': it changes the recomputed rows per layer, which one llama_decode per step "
                   "cannot (--engine llamacpp runs full, naive and attnlink)",
                   text);
-  kvfuse::require(!std::holds_alternative<kvfuse::CacheCraft>(m),
-                          "fusion method '{}': Cache-Craft reuses stored in-context variants, which the batched "
-                          "connector does not keep; use cacheblend, attnlink, queryaware, queryprobe, naive or full",
-                          text);
+  kvfuse::require(engine != "llamacpp" || !std::holds_alternative<kvfuse::CacheCraft>(m),
+                  "fusion method '{}': Cache-Craft's variants are profiled from attention statistics, which the "
+                  "llama.cpp engine does not report per request (--engine llamacpp runs full, naive and attnlink)",
+                  text);
   kvfuse::require(!std::holds_alternative<kvfuse::PrefixCaching>(m),
                           "fusion method '{}': the server stores chunk caches only, no prefix-cache entries on chunk "
                           "boundaries (a prompt without content parts is prefix-cached by Cake: --prefix-cache)",

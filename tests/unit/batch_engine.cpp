@@ -1,7 +1,7 @@
 // The engine drives, kvfuse plans: CpuLlama::forward over a ragged batch, FusionConnector's request-keyed hooks and
 // CpuBatchEngine's continuous batching. Batched == alone bit for bit for every method; a request arriving mid-run;
 // one request's failed or stalled read leaves the others' results unchanged; planning twice gives the same plan and
-// touches no store but its batched lookup.
+// touches no store but its batched lookup; Cache-Craft's variants made by the engine's own requests.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -525,7 +525,54 @@ TEST_CASE("CpuBatchEngine: a cancelled request leaves with its KV freed; bad req
   CHECK_THROWS_WITH_AS(engine.submit(hot), doctest::Contains("temperature = -1"), error);
 }
 
-TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer method equal FusionPipeline alone") {
+TEST_CASE("CpuBatchEngine with cachecraft: chunks without a variant are computed and become variants; a request in "
+          "another order loads them and gets FusionPipeline's tokens after record_context of the first") {
+  const CpuLlama model = small_llama();
+  const std::vector<Prompt> ps = prompts();
+  const Prompt& first = ps[0];   // system, A, B, C
+  const Prompt& second = ps[1];  // system, C, A
+  ProbeStore store;
+  CpuBatchEngine<ProbeStore> engine(model, store);
+  std::map<std::uint64_t, RequestMetrics> metrics;
+  const auto cold = serve(engine, {{0, request_of(first, "cachecraft", 4)}}, &metrics);
+  CHECK(metrics.at(1).loaded_tokens == 0);
+  CHECK(metrics.at(1).recomputed_rows == doctest::Approx(static_cast<double>(first.tokens.size())));
+  CHECK(cold.at(1) == alone_by_pipeline(model, store, first, "full", 4));  // every row computed: full prefill
+  engine.connector().wait_for_saves();
+  CHECK(store.inner().size() == 4);  // no isolated chunk caches: the four chunks' variants only
+
+  // The reference: the single-request driver with the first prompt recorded as context (its full prefill's
+  // attention statistics, the same numbers the engine's cold request reported).
+  ProbeStore reference_store;
+  CpuLlamaFusion reference_engine(model);
+  FusionPipeline pipeline(reference_engine, reference_store);
+  pipeline.record_context(first.tokens, first.layout);
+  const FusionPlan expected = pipeline.plan(second.tokens, second.layout, parse_method("cachecraft"));
+  const FusionResult r = pipeline.run(second.tokens, second.layout, parse_method("cachecraft"));
+  const auto reference = model.greedy_decode(reference_engine.kv(), r.logits, 4, -1);
+
+  const auto warm = serve(engine, {{0, request_of(second, "cachecraft", 4)}}, &metrics);
+  CHECK(engine.variants().size() == 4);
+  std::int64_t loaded = 0;
+  for (const ChunkPlan& c : expected.chunks) {
+    CHECK(c.source == KVSource::variant);
+    loaded += c.range.size();
+  }
+  CHECK(metrics.at(2).loaded_tokens == loaded);
+  CHECK(metrics.at(2).recomputed_rows < static_cast<double>(second.tokens.size()));
+  CHECK(warm.at(2) == reference);
+
+  // A variant whose KV the store lost: the read fails, the chunk is computed, the variant is forgotten.
+  const VariantEntry lost = engine.variants().entries().front();
+  REQUIRE(store.inner().erase(lost.kv));
+  const auto again = serve(engine, {{0, request_of(first, "cachecraft", 4)}}, &metrics);
+  CHECK(metrics.at(3).restarts == 1);
+  CHECK(again.at(3).size() == 4);
+  for (const VariantEntry& v : engine.variants().entries()) CHECK(v.id != lost.id);
+}
+
+TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer method, and Cache-Craft with the "
+          "engine's own variants, equal FusionPipeline alone") {
   const auto path = kvfuse_test::real_model(/*optimized_only=*/true);
   if (!path) return;
   const GGUFFile file = GGUFFile::open(*path);
@@ -556,6 +603,24 @@ TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer
     CHECK(got.at(2) == alone_by_pipeline(model, store, ps[1], method, 4));
     MESSAGE(method << ": " << tok.decode(got.at(1), false) << " | " << tok.decode(got.at(2), false));
   }
+  // Cache-Craft: the first request's chunks become the engine's variants; the second, its passages in another order,
+  // gets what FusionPipeline gives with the first prompt recorded as context.
+  ProbeStore craft_store;
+  CpuBatchEngine<ProbeStore> engine(model, craft_store);
+  (void)serve(engine, {{0, request_of(ps[0], "cachecraft@0.5", 4)}});
+  engine.connector().wait_for_saves();
+  std::map<std::uint64_t, RequestMetrics> metrics;
+  const auto got = serve(engine, {{0, request_of(ps[1], "cachecraft@0.5", 4)}}, &metrics);
+  CHECK(metrics.at(2).loaded_tokens > 0);
+  ProbeStore reference_store;
+  CpuLlamaFusion reference_engine(model);
+  FusionPipeline pipeline(reference_engine, reference_store);
+  pipeline.record_context(ps[0].tokens, ps[0].layout);
+  const FusionResult r = pipeline.run(ps[1].tokens, ps[1].layout, parse_method("cachecraft@0.5"));
+  CHECK(got.at(2) == model.greedy_decode(reference_engine.kv(), r.logits, 4, -1));
+  MESSAGE("cachecraft@0.5: " << tok.decode(got.at(2), false) << ", " << metrics.at(2).loaded_tokens << " of "
+                             << ps[1].tokens.size() << " rows loaded, " << metrics.at(2).recomputed_rows
+                             << " recomputed");
 }
 
 }  // namespace unit_batch_engine

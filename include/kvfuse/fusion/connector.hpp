@@ -3,7 +3,8 @@
 // the shape of vLLM's KV connector (KVConnectorBase_V1), with the hook vLLM lacks: which rows each layer recomputes.
 //
 // Scheduler side (no side effects, never waits for a running request):
-//   plan(request, tokens, layout, method)   -> FusionPlan: each chunk's source and store entry, the shift, S_0,
+//   plan(request, tokens, layout, method[, variants])
+//                                            -> FusionPlan: each chunk's source and store entry, the shift, S_0,
 //                                              whether S_l changes per layer and the statistics its policy reads,
 //                                              the bytes to read (plan_fusion, fusion/planner.hpp)
 // Worker side, per request, called by the engine's forward pass for every request of a batch:
@@ -38,10 +39,10 @@
 // layers of a request at a time),
 // then saves. Requests are served in the order they started; a stalled read holds one thread, not the others.
 //
-// Cache-Craft variants: plan() never chooses one (the connector keeps no VariantCache), but a plan made by a caller
-// that keeps them (FusionPipeline, with plan_fusion's VariantIndex) loads its variant chunks like any other entry:
-// a variant is a stored block read layer by layer at its recorded positions, and one the cache evicted (and
-// erased) mid-request is a failed read like any other, computed instead.
+// Cache-Craft variants: the connector keeps no VariantCache; plan() chooses from the VariantIndex of a caller that
+// keeps one (CpuBatchEngine; FusionPipeline plans with plan_fusion itself), and the plan loads its variant chunks
+// like any other entry: a variant is a stored block read layer by layer at its recorded positions, and one the
+// cache evicted (and erased) mid-request is a failed read like any other, computed instead.
 //
 // Thread safety: every member may be called from any thread; calls for one request come from one thread at a time
 // (the engine's step). The store must be safe for concurrent use (every kvfuse store is).
@@ -162,10 +163,11 @@ class FusionConnector {
   [[nodiscard]] const EngineShape& shape() const noexcept { return shape_; }
   [[nodiscard]] const ConnectorConfig& config() const noexcept { return config_; }
 
-  // Scheduler side: the plan of `method` for this request from what the store holds now; no side effects.
+  // Scheduler side: the plan of `method` for this request from what the store holds now (and, for Cache-Craft, the
+  // variants the caller keeps); no side effects.
   [[nodiscard]] FusionPlan plan(std::uint64_t request, std::span<const token_id> tokens, const PromptLayout& layout,
-                                const FusionMethod& method) const {
-    return plan_fusion(request, tokens, layout, method, shape_, *store_);
+                                const FusionMethod& method, VariantIndex variants = {}) const {
+    return plan_fusion(request, tokens, layout, method, shape_, *store_, variants);
   }
 
   // Registers the request of `plan` and starts reading its entries (every chunk not computed, with bytes to read).

@@ -99,47 +99,73 @@ using LayerHook = std::function<void(std::int64_t layer)>;
 }
 
 // Cache-Craft's per-chunk statistics (ChunkAttention: eq. 3 inter, eq. 4 intra, the eq. 14 token scores)
-// from a run of the loop that selected every row on every layer (a full prefill with statistics), one
-// LayerAttention per layer in order, groups = layout. intra excludes each token's weight on itself (eq. 4:
-// k < l strictly).
+// from a run of the loop with statistics over groups = layout, one LayerAttention per layer in order, layer l
+// over the rows selected[l] (S_l, ascending). A chunk's statistics are its rows' (the queries of C_i), so they
+// are exact for a chunk whose rows were in every S_l (computed_on_every_layer) and partial for any other. intra
+// excludes each token's weight on itself (eq. 4: k < l strictly).
 [[nodiscard]] inline ChunkAttention chunk_attention(std::vector<std::uint64_t> ids, const PromptLayout& layout,
-                                                    const std::vector<LayerAttention>& layers) {
+                                                    const std::vector<LayerAttention>& layers,
+                                                    const std::vector<TokenSet>& selected) {
   layout.validate();
   const std::size_t m = layout.chunks.size();
-  const auto n = static_cast<std::size_t>(layout.num_tokens());
   detail::require(ids.size() == m, "chunk_attention: {} chunk ids for {} chunks", ids.size(), m);
   detail::require(!layers.empty(), "chunk_attention: no layers");
+  detail::require(selected.size() == layers.size(), "chunk_attention: {} selections for {} layers", selected.size(),
+                  layers.size());
   ChunkAttention out;
   out.chunk_ids = std::move(ids);
-  for (const PromptChunk& c : layout.chunks) {
-    out.chunk_sizes.push_back(c.range.size());
-    out.token_prefix_attention.emplace_back(static_cast<std::size_t>(c.range.size()), 0.0);
+  std::vector<std::int64_t> chunk_of(static_cast<std::size_t>(layout.num_tokens()), -1);  // -1: the query's rows
+  for (std::size_t i = 0; i < m; ++i) {
+    const TokenRange c = layout.chunks[i].range;
+    out.chunk_sizes.push_back(c.size());
+    out.token_prefix_attention.emplace_back(static_cast<std::size_t>(c.size()), 0.0);
+    for (std::int64_t row = c.begin; row < c.end; ++row)
+      chunk_of[static_cast<std::size_t>(row)] = static_cast<std::int64_t>(i);
   }
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const LayerAttention& a = layers[l];
-    detail::require(
-        a.num_groups == static_cast<std::int64_t>(m) + 1 && a.mass.size() == n * (m + 1) && a.self_mass.size() == n,
-        "chunk_attention: layer {} holds statistics of {} rows x {} groups; every one of the {} rows must "
-        "be selected, over {} chunks + query",
-        l, a.self_mass.size(), a.num_groups, n, m);
+    const TokenSet& rows = selected[l];
+    detail::require(a.num_groups == static_cast<std::int64_t>(m) + 1 && a.mass.size() == rows.size() * (m + 1) &&
+                        a.self_mass.size() == rows.size(),
+                    "chunk_attention: layer {} holds statistics of {} rows x {} groups; it selected {} rows, over {} "
+                    "chunks + query",
+                    l, a.self_mass.size(), a.num_groups, rows.size(), m);
     std::vector<double> mass(m * m, 0.0);
-    for (std::size_t i = 0; i < m; ++i) {
-      const TokenRange c = layout.chunks[i].range;
-      for (std::int64_t row = c.begin; row < c.end; ++row) {
-        const auto q = static_cast<std::size_t>(row);
-        double prefix = 0.0;
-        for (std::size_t j = 0; j < i; ++j) {
-          mass[i * m + j] += a.at(q, j);  // eq. 3: inter(C_j, C_i)
-          prefix += a.at(q, j);
-        }
-        mass[i * m + i] += std::max(0.0, static_cast<double>(a.at(q, i)) - a.self_mass[q]);  // eq. 4: intra(C_i)
-        out.token_prefix_attention[i][static_cast<std::size_t>(row - c.begin)] += prefix;    // eq. 14 score
+    for (std::size_t q = 0; q < rows.size(); ++q) {
+      detail::require(rows[q] >= 0 && rows[q] < layout.num_tokens(), "chunk_attention: layer {} selected row {} of a "
+                      "{}-row layout", l, rows[q], layout.num_tokens());
+      const std::int64_t chunk = chunk_of[static_cast<std::size_t>(rows[q])];
+      if (chunk < 0) continue;
+      const auto i = static_cast<std::size_t>(chunk);
+      double prefix = 0.0;
+      for (std::size_t j = 0; j < i; ++j) {
+        mass[i * m + j] += a.at(q, j);  // eq. 3: inter(C_j, C_i)
+        prefix += a.at(q, j);
       }
+      mass[i * m + i] += std::max(0.0, static_cast<double>(a.at(q, i)) - a.self_mass[q]);  // eq. 4: intra(C_i)
+      const auto t = static_cast<std::size_t>(rows[q] - layout.chunks[i].range.begin);
+      out.token_prefix_attention[i][t] += prefix;  // eq. 14 score
     }
     out.layer_mass.push_back(std::move(mass));
   }
   out.validate();
   return out;
+}
+
+// The same from a run that selected every row on every layer (a full prefill with statistics).
+[[nodiscard]] inline ChunkAttention chunk_attention(std::vector<std::uint64_t> ids, const PromptLayout& layout,
+                                                    const std::vector<LayerAttention>& layers) {
+  TokenSet all;
+  append_range(all, {0, layout.num_tokens()});
+  return chunk_attention(std::move(ids), layout, layers, std::vector<TokenSet>(layers.size(), all));
+}
+
+// Whether every row of `chunk` is in every S_l of `selected`: its chunk_attention statistics are complete.
+[[nodiscard]] inline bool computed_on_every_layer(TokenRange chunk, const std::vector<TokenSet>& selected) {
+  return !selected.empty() && std::all_of(selected.begin(), selected.end(), [chunk](const TokenSet& s) {
+    const auto first = std::lower_bound(s.begin(), s.end(), chunk.begin);
+    return s.end() - first >= chunk.size() && (chunk.empty() || *(first + (chunk.size() - 1)) == chunk.end - 1);
+  });
 }
 
 }  // namespace kvfuse

@@ -1,7 +1,8 @@
 #pragma once
-// FusionPipeline's Cache-Craft variants (fusion/fusion_pipeline.hpp): the VariantCache (Cache-Craft §3.3) and where
-// each variant's KV was rotated, which plan_fusion reads (VariantIndex) and record_context fills. The cache holds
-// metadata only; the KV is in the pipeline's store, under variant_key(model, chunk, ids of its stored prefix).
+// Cache-Craft's variants for FusionPipeline (fusion/fusion_pipeline.hpp: record_context fills it) and CpuBatchEngine
+// (its cachecraft requests' chunks computed in full): the VariantCache (Cache-Craft §3.3) and where each variant's KV
+// was rotated, which plan_fusion reads (VariantIndex). The cache holds metadata only; the KV is in the caller's
+// store, under variant_key(model, chunk, ids of its stored prefix).
 
 #include <algorithm>
 #include <cstdint>
@@ -30,8 +31,8 @@ struct ChunkProfiles {
   std::vector<bool> variant;           // false: an empty chunk or a repeat of an earlier one
 };
 
-// The first position of a variant's KV is guarded by the caller's lock (FusionPipeline's); the cache is
-// synchronized itself.
+// The first position of a variant's KV is guarded by the caller's lock (FusionPipeline's; CpuBatchEngine's step
+// thread); the cache is synchronized itself.
 class VariantBook {
  public:
   explicit VariantBook(VariantCacheConfig config) : cache_(config) {}
@@ -62,17 +63,28 @@ class VariantBook {
       const AttentionSink keep = [&layers](std::int64_t, LayerAttention a) { layers.push_back(std::move(a)); };
       (void)backend.prefill(all, layout, keep);
     }
+    return profiles_of(tokens, layout, layers, std::vector<TokenSet>(layers.size(), all));
+  }
+
+  // The profiles from the attention statistics (groups = layout) of a run whose layer l computed the rows
+  // selected[l]: a chunk becomes a variant when its rows were computed on every layer (its statistics are then
+  // complete: computed_on_every_layer) and it is neither empty nor a repeat of an earlier chunk.
+  [[nodiscard]] static ChunkProfiles profiles_of(std::span<const token_id> tokens, const PromptLayout& layout,
+                                                 const std::vector<LayerAttention>& layers,
+                                                 const std::vector<TokenSet>& selected) {
     // Chunk ids must be unique for the statistics (Cache-Craft eq. 6-7 treat prefixes as sets): an empty chunk
     // or a repeat of an earlier chunk gets a placeholder id and is not stored as a variant.
     std::vector<std::uint64_t> ids;
     ChunkProfiles out;
     out.variant.assign(layout.chunks.size(), false);
     for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
-      const std::uint64_t id = chunk_content_id(slice(tokens, layout.chunks[j].range));
-      out.variant[j] = !layout.chunks[j].range.empty() && std::find(ids.begin(), ids.end(), id) == ids.end();
-      ids.push_back(out.variant[j] ? id : mix64(id ^ (0x5bd1e995ull * (j + 1))));
+      const TokenRange r = layout.chunks[j].range;
+      const std::uint64_t id = chunk_content_id(slice(tokens, r));
+      const bool unique = !r.empty() && std::find(ids.begin(), ids.end(), id) == ids.end();
+      out.variant[j] = unique && computed_on_every_layer(r, selected);
+      ids.push_back(unique ? id : mix64(id ^ (0x5bd1e995ull * (j + 1))));
     }
-    out.profiles = CCIScorer().profile(chunk_attention(ids, layout, layers));
+    out.profiles = CCIScorer().profile(chunk_attention(ids, layout, layers, selected));
     return out;
   }
 
@@ -97,6 +109,13 @@ class VariantBook {
       ++dropped;
     }
     return dropped;
+  }
+
+  // Forgets the variant a plan's chunk loaded (its read failed: the KV is gone or unusable).
+  void forget(const ChunkPlan& c) {
+    if (c.source != KVSource::variant) return;
+    cache_.erase(c.variant_id);
+    first_positions_.erase(c.key.content);
   }
 
   // A run uses its planned variants: f_r += 1/CFO (Cache-Craft §3.3).

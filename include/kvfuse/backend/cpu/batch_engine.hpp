@@ -5,24 +5,32 @@
 // request-keyed hooks of FusionConnector (fusion/connector.hpp), exactly as a GPU engine would call them.
 //
 // A step (step()): new requests are planned (FusionConnector::plan, no side effects) and their loads started; a
-// full-prefill request whose prompt has stored prefix entries (prefix_chunk_keys) is a Cake request, its stored
-// prefix loaded from the back by CakeRequests' I/O thread (schedule/cake_requests.hpp). Cake's
-// TokenBudgetScheduler splits the token budget (Cake §3, §5.4) — one row to every decoding request first, then
-// prefills in arrival order: a full-prefill request takes the budget in chunks (chunked prefill), a fusion
-// request's partial prefill (|S_0| rows; its S_l shrink on later layers) runs whole in one step, when the budget
-// left holds it or nothing else is in the step (a two-pass plan's second pass, QueryProbe, the same in a later step); last, what is left goes to the Cake requests' compute sides,
-// each computing from the front up to where its loads are (Cake §4, appendix B; with BatchEngineConfig::cake_speeds
-// at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a Cake request's two sides
-// met, its loaded KV is installed at the next step and the rest of its prompt is chunked prefill. Reused chunks
-// without a stored chunk cache are computed in context for the request; their chunk caches (CacheBlend's: alone at
-// position 0; behind the layout's chunk_context when it has one, the context's rows computed with the chunk's and
-// not stored), saved asynchronously for later requests, are queued and computed last, with the budget a step leaves,
-// so that they do not lengthen the prefill of the request that needs them; one a step once it has waited a step, so
-// that a server whose budget is always taken still stores them. The step whose prefill computes a prompt's last row
-// samples the first token; each later step one more. With BatchEngineConfig::store_prefixes, that step also saves the
-// prompt's KV as Cake's prefix entries for later requests with the same prefix, and a full prefill's finish saves
-// its answer's KV rows after them (a conversation's next turn starts with the prompt and the answer). Requests
-// arrive (submit) and leave (finish, cancel) between steps; a finished request frees its KV.
+// full-prefill request whose prompt has stored prefix entries (prefix_chunk_keys) is a Cake request, its stored prefix
+// loaded from the back by CakeRequests' I/O thread (schedule/cake_requests.hpp). Cake's TokenBudgetScheduler splits the
+// token budget (Cake §3, §5.4) — one row to every decoding request first, then prefills in arrival order: a
+// full-prefill request takes the budget in chunks (chunked prefill), a fusion request's partial prefill (|S_0| rows;
+// its S_l shrink on later layers) runs whole in one step, when the budget left holds it or nothing else is in the step
+// (a two-pass plan's second pass, QueryProbe, the same in a later step); last, what is left goes to the Cake requests'
+// compute sides, each computing from the front up to where its loads are (Cake §4, appendix B; with
+// BatchEngineConfig::cake_speeds at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a
+// Cake request's two sides met, its loaded KV is installed at the next step and the rest of its prompt is chunked
+// prefill. Reused chunks without a stored chunk cache (not Cache-Craft's: below) are computed in context for the
+// request; their chunk caches (CacheBlend's: alone at position 0; behind the layout's chunk_context when it has one,
+// the context's rows computed with the chunk's and not stored), saved asynchronously for later requests, are queued and
+// computed last, with the budget a step leaves, so that they do not lengthen the prefill of the request that needs
+// them; one a step once it has waited a step, so that a server whose budget is always taken still stores them. The step
+// whose prefill computes a prompt's last row samples the first token; each later step one more. With
+// BatchEngineConfig::store_prefixes, that step also saves the prompt's KV as Cake's prefix entries for later requests
+// with the same prefix, and a full prefill's finish saves its answer's KV rows after them (a conversation's next turn
+// starts with the prompt and the answer). Requests arrive (submit) and leave (finish, cancel) between steps; a finished
+// request frees its KV.
+//
+// Cache-Craft requests plan with the engine's VariantCache (Cache-Craft §3.3, BatchEngineConfig::variants): each
+// chunk with a stored variant loads the one of lowest CFO (eq. 12) and fixes its eq. 14 tokens; a chunk without one
+// is computed on every layer, and the request's own attention statistics over the layout's chunks (eq. 3-11, 14)
+// make it a variant, its KV saved when the prefill ends and chosen by later plans once stored. The variant metadata
+// lives in the engine's process; only the KV is in the store (a variant the store lost is a failed read: computed,
+// and forgotten).
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
 // (FusionConnector::recover: those chunks are computed instead) and it prefills again in a later step; the other
@@ -58,12 +66,14 @@
 
 #include "kvfuse/backend/cpu/llama.hpp"
 #include "kvfuse/backend/cpu_llama.hpp"
+#include "kvfuse/cache/variant_cache.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/keys.hpp"
 #include "kvfuse/core/sampling.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/fusion/connector.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/variant_book.hpp"
 #include "kvfuse/schedule/bidirectional_loader.hpp"
 #include "kvfuse/schedule/cake_requests.hpp"
 #include "kvfuse/schedule/chunk_sizes.hpp"
@@ -134,9 +144,11 @@ struct BatchEngineConfig {
                                        // rows whose KV it computed), so that a later prompt that starts with the same
                                        // tokens (a conversation's system prompt, earlier turns and answers) is a Cake
                                        // request
+  VariantCacheConfig variants{};       // Cache-Craft's variants of cachecraft requests (N x M, §3.3)
 
   void validate() const {
     budget.validate();
+    variants.validate();
     connector.validate();
     cake.validate();
     cake_estimate.validate();
@@ -154,12 +166,16 @@ class CpuBatchEngine {
         config_((config.validate(), config)),
         scheduler_(config.budget),
         connector_(store, engine_shape(CpuLlamaFusion(model)), config.connector),
+        store_(&store),
+        variants_(config.variants),
         cake_(store, BidirectionalLoader<CpuLlamaFusion, Store>(cake_loader(config), config.cake_estimate)) {
     if (config_.cake_speeds) speeds_.emplace(*config_.cake_speeds);
   }
 
   [[nodiscard]] FusionConnector<Store>& connector() noexcept { return connector_; }
   [[nodiscard]] const CpuLlama& model() const noexcept { return *model_; }
+  // Cache-Craft's variants whose KV is stored (read between steps; a step admits those saved since the last).
+  [[nodiscard]] const VariantCache& variants() const noexcept { return variants_.cache(); }
 
   // Queues a request; returns its id. Throws kvfuse::error naming a bad field.
   std::uint64_t submit(GenerationRequest request) {
@@ -203,6 +219,7 @@ class CpuBatchEngine {
     const auto t0 = Clock::now();
     stats_ = {};
     std::vector<TokenEvent> events;
+    collect_saves();
     admit(events);
     install_met();
 
@@ -273,7 +290,7 @@ class CpuBatchEngine {
       // first pass.
       const std::int64_t context_rows = r.request.layout.chunk_context;
       const auto context = slice(r.request.tokens, {0, context_rows});
-      for (std::size_t j = 0; j < r.plan.chunks.size() && !r.second; ++j) {
+      for (std::size_t j = 0; j < r.plan.chunks.size() && !r.second && !r.is_craft(); ++j) {
         const ChunkPlan& c = r.plan.chunks[j];
         if (c.source != KVSource::compute || !r.request.layout.chunks[j].cached || c.range.empty()) continue;
         const auto tokens = slice(r.request.tokens, c.range);
@@ -297,6 +314,10 @@ class CpuBatchEngine {
         item.needs = {r.plan.per_layer, needs.k_deviation, needs.v_deviation,
                       needs.chunk_mass || needs.self_mass ? &r.plan.layout : nullptr,
                       needs.query_mass ? r.plan.layout.query : TokenRange{}};
+      if (r.profiling && !r.second) {  // the statistics that make its computed chunks Cache-Craft variants
+        item.needs.after_layer = true;
+        item.needs.groups = &r.plan.layout;
+      }
       stats_.prefill_rows += static_cast<std::int64_t>(item.rows.size());
       items_.push_back(std::move(item));
       roles_.push_back({a.id, r.second ? Role::second_pass : Role::fusion});
@@ -341,7 +362,7 @@ class CpuBatchEngine {
       KVBlock block = chunk_kv[c]->to_block({chunk_contexts[c], chunk_kv[c]->num_rows()});
       connector_.save(chunk_keys[c], std::move(block));
     }
-    for (const SaveResult& s : connector_.finished_saves()) saving_.erase(s.key.content);
+    collect_saves();
 
     for (std::size_t i = 0; i < items_.size(); ++i) {
       const Role& role = roles_[i];
@@ -354,11 +375,14 @@ class CpuBatchEngine {
         continue;
       }
       if (role.kind == Role::fusion && item.status != Status::success) {  // a failed read: its chunks computed
-        if (connector_.failure(role.id).chunks.empty()) {  // not a read (a policy or an install refused): it would
-          fail(r, item.status, hook_errors_[i], events);  // fail again
+        const ReadFailure failed = connector_.failure(role.id);
+        if (failed.chunks.empty()) {  // not a read (a policy or an install refused): it would fail again
+          fail(r, item.status, hook_errors_[i], events);
           continue;
         }
+        for (std::size_t j : failed.chunks) variants_.forget(r.plan.chunks[j]);  // its KV is gone or unusable
         r.plan = connector_.recover(role.id, r.request.method);
+        r.start_profiling();
         r.fusion.begin(r.request.tokens);
         ++r.metrics.restarts;
         if (const Status s = connector_.start(r.plan, r.request.method); s != Status::success) {
@@ -374,6 +398,7 @@ class CpuBatchEngine {
       }
       if (role.kind == Role::fusion) {
         for (std::int64_t n : item.selected_per_layer) r.selected_rows += n;
+        if (r.profiling) save_variants(r);
         TokenSet rows;  // a two-pass plan's second pass, run in a later step; none: the probe's logits are the result
         const Status s = r.plan.two_pass ? connector_.second_pass(role.id, rows) : Status::success;
         connector_.finish(role.id);
@@ -421,6 +446,9 @@ class CpuBatchEngine {
     bool cake = false;                 // a Cake request whose two sides have not met yet
     std::vector<token_id> initial_tokens;
     std::optional<TokenSet> second;    // a two-pass plan after its probe pass: the rows of the second pass
+    bool profiling = false;            // a Cache-Craft plan computing reusable chunks in full (start_profiling)
+    std::vector<LayerAttention> attention;  // when profiling: each layer's statistics over the layout's chunks,
+    std::vector<TokenSet> attended;         // of these rows (S_l)
     std::mt19937_64 rng;
     token_id last = 0;
     std::vector<token_id> generated;   // a full prefill with store_prefixes: its answer so far (rows after the prompt)
@@ -431,6 +459,17 @@ class CpuBatchEngine {
 
     [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(request.tokens.size()); }
     [[nodiscard]] bool is_full() const noexcept { return std::holds_alternative<FullRecompute>(request.method); }
+    [[nodiscard]] bool is_craft() const noexcept { return std::holds_alternative<CacheCraft>(request.method); }
+    // A Cache-Craft plan that computes a reusable chunk (no variant stored) collects the attention statistics that
+    // make it a variant (Cache-Craft §3.3: a variant per new chunk and prefix).
+    void start_profiling() {
+      attention.clear();
+      attended.clear();
+      profiling = false;
+      for (std::size_t j = 0; j < plan.chunks.size() && is_craft(); ++j)
+        profiling = profiling || (plan.chunks[j].source == KVSource::compute && request.layout.chunks[j].cached &&
+                                  !plan.chunks[j].range.empty());
+    }
     [[nodiscard]] std::int64_t prefill_cost() const noexcept {
       if (is_full()) return num_tokens() - prefilled;
       return static_cast<std::int64_t>(second ? second->size() : plan.initial.size());
@@ -474,6 +513,10 @@ class CpuBatchEngine {
     }
     Status after_layer(std::size_t item, const LayerReport& report, TokenSet& next) override {
       const auto t0 = Clock::now();
+      if (Running& r = *e.running_.at(e.roles_[item].id); r.profiling && report.attention != nullptr) {
+        r.attention.push_back(*report.attention);
+        r.attended.push_back(report.selected);
+      }
       const Status s = e.connector_.after_layer(e.roles_[item].id, report, next);
       e.stats_.hook_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s != Status::success) e.hook_errors_[item] = last_status_message();
@@ -531,11 +574,14 @@ class CpuBatchEngine {
         continue;
       }
       try {
-        ref.plan = connector_.plan(id, ref.request.tokens, ref.request.layout, ref.request.method);
+        ref.plan = connector_.plan(id, ref.request.tokens, ref.request.layout, ref.request.method,
+                                   ref.is_craft() ? variants_.index() : VariantIndex{});
       } catch (const error& e) {
         fail(ref, e.code(), e.what(), events);
         continue;
       }
+      variants_.record_uses(ref.plan);  // f_r += 1/CFO (Cache-Craft §3.3)
+      ref.start_profiling();
       for (const ChunkPlan& c : ref.plan.chunks)
         if (c.source != KVSource::compute) ref.metrics.loaded_tokens += c.range.size();
       if (const Status s = connector_.start(ref.plan, ref.request.method); s != Status::success)
@@ -586,6 +632,39 @@ class CpuBatchEngine {
     r.saved_chunks = whole;
   }
 
+  // A Cache-Craft request's prefill is done: each reusable chunk it computed on every layer becomes a variant, its
+  // profile (CCI, the eq. 14 token order) from the request's own attention statistics, its KV (rotated where it
+  // stands) saved asynchronously and chosen by later plans once stored (step: finished_saves).
+  void save_variants(Running& r) {
+    const detail::ChunkProfiles found =
+        detail::VariantBook::profiles_of(r.request.tokens, r.plan.layout, r.attention, r.attended);
+    for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {
+      const ChunkPlan& c = r.plan.chunks[j];
+      if (!found.variant[j] || c.source != KVSource::compute || !r.request.layout.chunks[j].cached) continue;
+      const ChunkProfile& p = found.profiles[j];
+      KVKey key = variant_key(model_->fingerprint(), p.chunk_id, p.stored_prefix);
+      if (!saving_.insert(key.content).second) continue;
+      connector_.save(key, r.fusion.save_rows(c.range));
+      pending_variants_.emplace(key.content, PendingVariant{p, std::move(key), c.range.begin});
+    }
+    r.profiling = false;
+    r.attention.clear();
+    r.attended.clear();
+  }
+
+  // The saves finished since the last call: their keys leave saving_; a variant whose KV is now stored can be chosen
+  // (the KV of the variants it evicts is erased).
+  void collect_saves() {
+    for (const SaveResult& s : connector_.finished_saves()) {
+      saving_.erase(s.key.content);
+      const auto v = pending_variants_.find(s.key.content);
+      if (v == pending_variants_.end()) continue;
+      if (s.status == Status::success)
+        variants_.admit(v->second.profile, v->second.key, v->second.first_position, *store_);
+      pending_variants_.erase(v);
+    }
+  }
+
   // r leaves: its loads stop, its buffers are freed.
   void leave(Running& r) {
     connector_.finish(r.id);
@@ -631,6 +710,14 @@ class CpuBatchEngine {
   BatchEngineConfig config_;
   TokenBudgetScheduler scheduler_;
   FusionConnector<Store> connector_;
+  Store* store_;                    // where evicted variants' KV is erased
+  detail::VariantBook variants_;    // Cache-Craft's variants (step thread only, but the cache itself)
+  struct PendingVariant {
+    ChunkProfile profile;
+    KVKey key;
+    std::int64_t first_position = 0;
+  };
+  std::map<std::uint64_t, PendingVariant> pending_variants_;  // variants whose KV is being saved, by key content
   Cake cake_;                       // the Cake requests' races and their I/O thread
   std::optional<CakeSpeedMeter> speeds_;  // from config_.cake_speeds, updated as the engine runs
   mutable std::mutex inbox_mutex_;  // guards inbox_, cancelled_, next_id_
