@@ -225,6 +225,24 @@ class ServerTest(OneServerTest):
         self.assertLess(u2["recomputed_tokens"], second.usage.prompt_tokens)
         self.assertGreater(u2["ttft_ms"], 0)
 
+    def test_cachecraft_reuses_the_variants_its_own_requests_computed(self):
+        texts = ["The Nile is about 6650 kilometres long and flows north into the Mediterranean Sea.",
+                 "Its two main tributaries, the White Nile and the Blue Nile, meet at Khartoum.",
+                 "The Aswan High Dam, finished in 1970, holds back Lake Nasser."]
+        question = "Where do the White Nile and the Blue Nile meet?"
+        extra = {"extra_body": {"kvfuse": {"method": "cachecraft@0.5"}}}
+        first = self.chat(parts(*texts, question), **extra)
+        second = self.chat(parts(texts[1], texts[2], texts[0], question), **extra)
+        u1, u2 = kvfuse_usage(first), kvfuse_usage(second)
+        self.assertEqual((u1["method"], u2["method"]), ("cachecraft@0.5", "cachecraft@0.5"))
+        # The first request found no variant: every row computed, its three parts left as variants.
+        self.assertEqual(u1["loaded_tokens"], 0)
+        self.assertAlmostEqual(u1["recomputed_tokens"], first.usage.prompt_tokens, delta=0.5)
+        # The second loads each part's variant and fixes its most contextualized tokens (Cache-Craft eq. 14).
+        self.assertGreaterEqual(u2["loaded_tokens"], u2["chunk_tokens"])
+        self.assertLess(u2["recomputed_tokens"], second.usage.prompt_tokens)
+        self.assertTrue(second.choices[0].message.content)
+
     def test_parts_are_reused_behind_the_same_system_prompt_only(self):
         texts = ["The Amazon river discharges more water than the next seven largest rivers combined.",
                  "Its basin covers about seven million square kilometres."]
@@ -262,7 +280,7 @@ class ServerTest(OneServerTest):
             ({"max_tokens": 0}, "max_tokens"),
             ({"temperature": 3}, "temperature"),
             ({"stop": ""}, "stop"),
-            ({"extra_body": {"kvfuse": {"method": "cachecraft"}}}, "kvfuse.method"),
+            ({"extra_body": {"kvfuse": {"method": "prefix"}}}, "kvfuse.method"),
             ({"extra_body": {"n": 2}}, "n"),
         ]
         for kw, param in cases:
@@ -446,12 +464,13 @@ class LlamaCppEngineTest(OneServerTest):
 
     def test_methods_it_cannot_run_and_prompts_beyond_its_cells_are_refused(self):
         import openai
-        for method in ("cacheblend", "queryaware"):
+        for method, why in (("cacheblend", "per layer"), ("queryaware", "per layer"),
+                            ("cachecraft", "attention statistics")):
             with self.subTest(method=method):
                 with self.assertRaises(openai.BadRequestError) as e:
                     self.chat(parts("A part.", "A question?"), extra_body={"kvfuse": {"method": method}})
                 self.assertEqual(e.exception.param, "kvfuse.method")
-                self.assertIn("per layer", e.exception.message)
+                self.assertIn(why, e.exception.message)
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat([{"role": "user", "content": "word " * 1500}])
         self.assertEqual(e.exception.code, "context_length_exceeded")

@@ -457,8 +457,12 @@ TEST_CASE("a policy narrows the selected set layer by layer; statistics match th
         doctest::Approx(kvfuse::question_attention(rec.attention[1], rec.selected[1], layout)[0]).epsilon(1e-5));
   CHECK(error_of([&] {
           (void)kvfuse::chunk_attention({11, 22}, layout, seen.attention);
-        }).find("layer 1 holds statistics of 4 rows x 3 groups; every one of the 15 rows must be selected") !=
-        std::string::npos);
+        }).find("layer 1 holds statistics of 4 rows x 3 groups; it selected 15 rows") != std::string::npos);
+  // With the rows each layer selected, the statistics are read, but no chunk was computed on every layer.
+  (void)kvfuse::chunk_attention({11, 22}, layout, seen.attention, seen.selected);
+  for (const kvfuse::PromptChunk& c : layout.chunks)
+    CHECK_FALSE(kvfuse::computed_on_every_layer(c.range, seen.selected));
+  CHECK(kvfuse::computed_on_every_layer(layout.query, seen.selected));
   CHECK(error_of([&] {
           (void)kvfuse::question_attention(seen.attention[1], TokenSet{11, 12, 13}, layout);
         }).find("12 mass values for 3 selected rows") != std::string::npos);
