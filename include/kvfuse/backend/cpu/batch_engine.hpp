@@ -634,7 +634,7 @@ class CpuBatchEngine {
 
   // A Cache-Craft request's prefill is done: each reusable chunk it computed on every layer becomes a variant, its
   // profile (CCI, the eq. 14 token order) from the request's own attention statistics, its KV (rotated where it
-  // stands) saved asynchronously and chosen by later plans once stored (step: finished_saves).
+  // stands) saved asynchronously and chosen by later plans once stored (collect_saves).
   void save_variants(Running& r) {
     const detail::ChunkProfiles found =
         detail::VariantBook::profiles_of(r.request.tokens, r.plan.layout, r.attention, r.attended);
