@@ -439,34 +439,68 @@ def check_llamacpp_run_cost(root):
     page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
 
 
+def server_arm_rows(run_dir, names):
+    """bench_server.sh's arms (the load generator's JSON in run_dir, by table row) as the server.md tables show them:
+    TTFT p50, p99, output tok/s, and the reuse arms' exact match and ROUGE-L against their own server's full prefill."""
+    expected = {}
+    for row, name in names.items():
+        r = load_json(run_dir / f"{name}.json")
+        a = r.get("agreement")
+        expected[row] = [f"{r['ttft_ms']['p50']:.0f}", f"{r['ttft_ms']['p99']:.0f}", f"{r['output_tok_s']:.2f}",
+                         f"{a['exact_match']:.3f}" if a else "", f"{a['rouge_l']:.3f}" if a else ""]
+    return expected
+
+
+def server_cold_rows(run_dir, method):
+    """The first 8 requests of a bench_server.sh run (sent together to an empty server) and the 24 after them: TTFT
+    median and max, and the sums of their chunk tokens, loaded and recomputed rows (each request's usage.kvfuse), for
+    the arm of `method` (its table label) and full prefill."""
+    expected = {}
+    for arm, name in ((method, "kvfuse"), ("full prefill", "kvfuse-full")):
+        usage = load_json(run_dir / f"{name}.json")["usage"]
+        for part, group in (("first 8", usage[:8]), ("last 24", usage[8:])):
+            ttft = [u["ttft_ms"] for u in group]
+            expected[f"{arm}, {part}"] = [f"{st.median(ttft):.0f}", f"{max(ttft):.0f}",
+                                          f"{sum(u['chunk_tokens'] for u in group)}",
+                                          f"{sum(u['loaded_tokens'] for u in group)}",
+                                          f"{sum(u['recomputed_tokens'] for u in group):.0f}"]
+    return expected
+
+
 def check_server(root):
     """docs/server.md: the arms of results/server-2026-11-27b/ (bench_server.sh's load generator output), and for both
     runs the TTFT and rows of the first 8 requests (an empty store) and the 24 after them, from each request's
     usage.kvfuse."""
     page = Page(root, "docs/server.md")
-    d = root / "docs/results/server-2026-11-27b/run-1"
     names = {"kvfuse-server, full prefill": "kvfuse-full", "kvfuse-server, CacheBlend r = 15 %": "kvfuse",
              "llama-server, no prompt cache": "llama-full",
              "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
-    expected = {}
-    for row, name in names.items():
-        r = load_json(d / f"{name}.json")
-        a = r.get("agreement")
-        expected[row] = [f"{r['ttft_ms']['p50']:.0f}", f"{r['ttft_ms']['p99']:.0f}", f"{r['output_tok_s']:.2f}",
-                         f"{a['exact_match']:.3f}" if a else "", f"{a['rouge_l']:.3f}" if a else ""]
-    page.compare("| arm, 9a0aff1 | TTFT p50 ms", "server.md, arms after queuing", expected)
+    page.compare("| arm, 9a0aff1 | TTFT p50 ms", "server.md, arms after queuing",
+                 server_arm_rows(root / "docs/results/server-2026-11-27b/run-1", names))
     for run, anchor in (("server-2026-11-27", "| arm, requests | TTFT median ms"),
                         ("server-2026-11-27b", "| arm, requests, 9a0aff1 | TTFT median ms")):
-        expected = {}
-        for arm, name in (("CacheBlend", "kvfuse"), ("full prefill", "kvfuse-full")):
-            usage = load_json(root / "docs/results" / run / "run-1" / f"{name}.json")["usage"]
-            for part, group in (("first 8", usage[:8]), ("last 24", usage[8:])):
-                ttft = [u["ttft_ms"] for u in group]
-                expected[f"{arm}, {part}"] = [f"{st.median(ttft):.0f}", f"{max(ttft):.0f}",
-                                              f"{sum(u['chunk_tokens'] for u in group)}",
-                                              f"{sum(u['loaded_tokens'] for u in group)}",
-                                              f"{sum(u['recomputed_tokens'] for u in group):.0f}"]
-        page.compare(anchor, f"server.md, cold requests ({run})", expected)
+        page.compare(anchor, f"server.md, cold requests ({run})",
+                     server_cold_rows(root / "docs/results" / run / "run-1", "CacheBlend"))
+
+
+def check_server_cachecraft(root):
+    """docs/server.md, "Cache-Craft in the server": the arms and the first 8 / last 24 requests of
+    results/server-cachecraft-2026-11-29/, and the ratios its summary.json gives."""
+    page = Page(root, "docs/server.md")
+    d = root / "docs/results/server-cachecraft-2026-11-29"
+    names = {"kvfuse-server, full prefill": "kvfuse-full", "kvfuse-server, Cache-Craft α = 1": "kvfuse",
+             "llama-server, no prompt cache": "llama-full",
+             "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
+    page.compare("| arm, d091b01 | TTFT p50 ms", "server.md, Cache-Craft arms", server_arm_rows(d / "run-1", names))
+    page.compare("| arm, requests, d091b01 |", "server.md, Cache-Craft requests",
+                 server_cold_rows(d / "run-1", "Cache-Craft"))
+    s = load_json(d / "summary.json")
+    said = (f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} × llama-server with `--cache-reuse`",
+            f"throughput {s['throughput_kvfuse_over_llama']:.2f} ×")
+    text = " ".join(" ".join(page.lines).split())
+    for phrase in said:
+        if phrase not in text:
+            problem("docs/server.md", 1, f"Cache-Craft in the server: the ratio '{phrase}' of summary.json is not said")
 
 
 def check_fidelity_chunk_context(root):
@@ -679,6 +713,7 @@ def main():
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
               lambda: check_server_auto_calibration(root), lambda: check_fidelity_queryprobe(root),
               lambda: check_server_queryprobe(root),
+              lambda: check_server_cachecraft(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
