@@ -485,7 +485,7 @@ def check_server(root):
 
 def check_server_cachecraft(root):
     """docs/server.md, "Cache-Craft in the server": the arms and the first 8 / last 24 requests of
-    results/server-cachecraft-2026-11-29/, and the ratios its summary.json gives."""
+    results/server-cachecraft-2026-11-29/, the ratios its summary.json gives, and the α cells beside it."""
     page = Page(root, "docs/server.md")
     d = root / "docs/results/server-cachecraft-2026-11-29"
     names = {"kvfuse-server, full prefill": "kvfuse-full", "kvfuse-server, Cache-Craft α = 1": "kvfuse",
@@ -494,6 +494,9 @@ def check_server_cachecraft(root):
     page.compare("| arm, d091b01 | TTFT p50 ms", "server.md, Cache-Craft arms", server_arm_rows(d / "run-1", names))
     page.compare("| arm, requests, d091b01 |", "server.md, Cache-Craft requests",
                  server_cold_rows(d / "run-1", "Cache-Craft"))
+    page.compare("| Cache-Craft, behind the system turn |", "server.md, Cache-Craft's alpha",
+                 {"α = 1": server_cell_row(d), "α = 2": server_cell_row(d / "alpha-2"),
+                  "α = 4": server_cell_row(d / "alpha-4")})
     s = load_json(d / "summary.json")
     said = (f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} × llama-server with `--cache-reuse`",
             f"throughput {s['throughput_kvfuse_over_llama']:.2f} ×")

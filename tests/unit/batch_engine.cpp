@@ -571,6 +571,34 @@ TEST_CASE("CpuBatchEngine with cachecraft: chunks without a variant are computed
   for (const VariantEntry& v : engine.variants().entries()) CHECK(v.id != lost.id);
 }
 
+TEST_CASE("CpuBatchEngine with cachecraft: a variant chunk fixed whole on every layer becomes a variant for its new "
+          "prefix, which a later request in that order loads with nothing to fix") {
+  const CpuLlama model = small_llama();
+  const std::vector<Prompt> ps = prompts();
+  const Prompt& first = ps[0];   // system, A, B, C
+  const Prompt& second = ps[1];  // system, C, A
+  ProbeStore store;
+  CpuBatchEngine<ProbeStore> engine(model, store);
+  (void)serve(engine, {{0, request_of(first, "cachecraft", 4)}});
+  engine.connector().wait_for_saves();
+  REQUIRE(engine.variants().size() == 4);
+  // α = 1000: CFO ≥ 1 for every chunk whose stored prefix is not within its new prefix (eq. 6-8: C, stored behind
+  // system, A, B, now behind system alone), fixed whole: exact KV. A's stored prefix (system) is within its new one
+  // (system, C): β' = 1, CFO = 0.
+  std::map<std::uint64_t, RequestMetrics> metrics;
+  const auto whole = serve(engine, {{0, request_of(second, "cachecraft@1000-nofocus", 4)}}, &metrics);
+  engine.connector().wait_for_saves();
+  const auto full = alone_by_pipeline(model, store, second, "full", 4);
+  CHECK(whole.at(2) == full);
+  CHECK(metrics.at(2).recomputed_rows ==
+        doctest::Approx(static_cast<double>(kC.size() + second.layout.query.size())));
+  CHECK(engine.variants().size() == 5);  // and C behind (system)
+  // The same order again: C's new variant has exactly this prefix (β' = 1, CFO = 0): only the query is computed.
+  (void)serve(engine, {{0, request_of(second, "cachecraft", 4)}}, &metrics);
+  CHECK(metrics.at(3).loaded_tokens == second.layout.query.begin);
+  CHECK(metrics.at(3).recomputed_rows == doctest::Approx(static_cast<double>(second.layout.query.size())));
+}
+
 TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer method, and Cache-Craft with the "
           "engine's own variants, equal FusionPipeline alone") {
   const auto path = kvfuse_test::real_model(/*optimized_only=*/true);

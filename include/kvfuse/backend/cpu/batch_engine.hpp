@@ -25,12 +25,13 @@
 // starts with the prompt and the answer). Requests arrive (submit) and leave (finish, cancel) between steps; a finished
 // request frees its KV.
 //
-// Cache-Craft requests plan with the engine's VariantCache (Cache-Craft §3.3, BatchEngineConfig::variants): each
-// chunk with a stored variant loads the one of lowest CFO (eq. 12) and fixes its eq. 14 tokens; a chunk without one
-// is computed on every layer, and the request's own attention statistics over the layout's chunks (eq. 3-11, 14)
-// make it a variant, its KV saved when the prefill ends and chosen by later plans once stored. The variant metadata
-// lives in the engine's process; only the KV is in the store (a variant the store lost is a failed read: computed,
-// and forgotten).
+// Cache-Craft requests plan with the engine's VariantCache (Cache-Craft §3.3, BatchEngineConfig::variants): each chunk
+// with a stored variant loads the one of lowest CFO (eq. 12) and fixes its eq. 14 tokens; a chunk without one is
+// computed on every layer, and the request's own attention statistics over the layout's chunks (eq. 3-11, 14) make it a
+// variant for its prefix in this prompt, its KV saved when the prefill ends and chosen by later plans once stored — as
+// does a variant chunk whose fix is the whole chunk (⌈CFO · |C|⌉ = |C|) on every layer. The variant metadata lives in
+// the engine's process; only the KV is in the store (a variant the store lost is a failed read: computed, and
+// forgotten).
 //
 // Failures stay with their request: a failed or timed-out read of one request's entries takes it out of the step
 // (FusionConnector::recover: those chunks are computed instead) and it prefills again in a later step; the other
@@ -460,15 +461,17 @@ class CpuBatchEngine {
     [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(request.tokens.size()); }
     [[nodiscard]] bool is_full() const noexcept { return std::holds_alternative<FullRecompute>(request.method); }
     [[nodiscard]] bool is_craft() const noexcept { return std::holds_alternative<CacheCraft>(request.method); }
-    // A Cache-Craft plan that computes a reusable chunk (no variant stored) collects the attention statistics that
-    // make it a variant (Cache-Craft §3.3: a variant per new chunk and prefix).
+    // A Cache-Craft plan that computes every row of a reusable chunk (none stored, or a variant whose ⌈CFO · |C|⌉
+    // is the whole chunk) collects the attention statistics that make it a variant (Cache-Craft §3.3: a variant per
+    // new chunk and prefix).
     void start_profiling() {
       attention.clear();
       attended.clear();
       profiling = false;
+      const std::vector<TokenSet> planned{plan.initial};
       for (std::size_t j = 0; j < plan.chunks.size() && is_craft(); ++j)
-        profiling = profiling || (plan.chunks[j].source == KVSource::compute && request.layout.chunks[j].cached &&
-                                  !plan.chunks[j].range.empty());
+        profiling = profiling || (request.layout.chunks[j].cached && !plan.chunks[j].range.empty() &&
+                                  computed_on_every_layer(plan.chunks[j].range, planned));
     }
     [[nodiscard]] std::int64_t prefill_cost() const noexcept {
       if (is_full()) return num_tokens() - prefilled;
@@ -632,18 +635,19 @@ class CpuBatchEngine {
     r.saved_chunks = whole;
   }
 
-  // A Cache-Craft request's prefill is done: each reusable chunk it computed on every layer becomes a variant, its
-  // profile (CCI, the eq. 14 token order) from the request's own attention statistics, its KV (rotated where it
-  // stands) saved asynchronously and chosen by later plans once stored (collect_saves).
+  // A Cache-Craft request's prefill is done: each reusable chunk it computed on every layer (focus termination did
+  // not stop it) becomes a variant for its prefix in this prompt, its profile (CCI, the eq. 14 token order) from the
+  // request's own attention statistics, its KV (rotated where it stands) saved asynchronously and chosen by later
+  // plans once stored (collect_saves).
   void save_variants(Running& r) {
     const detail::ChunkProfiles found =
         detail::VariantBook::profiles_of(r.request.tokens, r.plan.layout, r.attention, r.attended);
     for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {
       const ChunkPlan& c = r.plan.chunks[j];
-      if (!found.variant[j] || c.source != KVSource::compute || !r.request.layout.chunks[j].cached) continue;
+      if (!found.variant[j] || !r.request.layout.chunks[j].cached) continue;
       const ChunkProfile& p = found.profiles[j];
       KVKey key = variant_key(model_->fingerprint(), p.chunk_id, p.stored_prefix);
-      if (!saving_.insert(key.content).second) continue;
+      if (key == c.key || !saving_.insert(key.content).second) continue;  // c.key: the variant it loaded
       connector_.save(key, r.fusion.save_rows(c.range));
       pending_variants_.emplace(key.content, PendingVariant{p, std::move(key), c.range.begin});
     }
