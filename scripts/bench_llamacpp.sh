@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # kvfuse's reference CPU backend against llama.cpp, side by side: builds kvfuse-bench-prefill in build/bench (the
-# bench preset, configured here with llama.cpp's source from scripts/fetch_llamacpp.sh), then times a full prefill of the same N MuSiQue tokens of the same GGUF
-# on the same threads with each engine (CpuLlama::full_prefill; llama_decode in 512-token batches), for N = 512,
-# 2048 and 6144. Each engine runs in its own process, so that peak RSS (VmHWM) is its own; the order of the two
-# alternates from one N to the next. About 6 minutes on 2 threads with SmolLM2 (kvfuse's 6144-token prefill is
-# most of it). Writes one JSON line per run to build/bench-llamacpp/results.jsonl and prints a markdown table.
+# bench preset, configured here with llama.cpp's source from scripts/fetch_llamacpp.sh), then times a full prefill of
+# the same N MuSiQue tokens of the same GGUF on the same threads with each engine (CpuLlama::full_prefill, in one pass
+# and in KVFUSE_BENCH_BLOCK_ROWS-row blocks; llama_decode in 512-token batches), for N = 512, 2048 and 6144. Each
+# engine runs in its own process, so that peak RSS (VmHWM) is its own; the order of the three rotates from one N to
+# the next. About 9 minutes on 2 threads with SmolLM2 (kvfuse's 6144-token prefill is most of it). Writes one JSON
+# line per run to build/bench-llamacpp/results.jsonl and prints a markdown table.
 #   KVFUSE_BENCH_MODEL (default: scripts/fetch_model.sh smollm2), KVFUSE_BENCH_THREADS (2), KVFUSE_BENCH_REPS (3),
-#   KVFUSE_BENCH_TOKENS ("512 2048 6144")
+#   KVFUSE_BENCH_TOKENS ("512 2048 6144"), KVFUSE_BENCH_BLOCK_ROWS (512)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -20,14 +21,18 @@ out=build/bench-llamacpp
 mkdir -p "$out"
 : >"$out/results.jsonl"
 
-engines=(kvfuse llamacpp)
+# kvfuse twice: all rows in one pass, and in BLOCK-row blocks (CpuLlamaOptions::prefill_block_rows, llama.cpp's
+# batch size by default); llama.cpp in its 512-row batches.
+block=${KVFUSE_BENCH_BLOCK_ROWS:-512}
+engines=(kvfuse:0 "kvfuse:$block" llamacpp:0)
 for n in ${KVFUSE_BENCH_TOKENS:-512 2048 6144}; do
-  for engine in "${engines[@]}"; do
-    echo "bench_llamacpp.sh: $engine, $n tokens, $threads threads, $reps reps" >&2
-    "$bin" --engine "$engine" --model "$model" --tokens "$n" --threads "$threads" --reps "$reps" \
+  for e in "${engines[@]}"; do
+    engine=${e%%:*} rows=${e#*:}
+    echo "bench_llamacpp.sh: $engine, block rows $rows, $n tokens, $threads threads, $reps reps" >&2
+    "$bin" --engine "$engine" --model "$model" --tokens "$n" --threads "$threads" --reps "$reps" --block-rows "$rows" \
       | tee -a "$out/results.jsonl"
   done
-  engines=("${engines[1]}" "${engines[0]}")
+  engines=("${engines[2]}" "${engines[0]}" "${engines[1]}")  # the order rotates from one N to the next
 done
 
 python3 - "$out/results.jsonl" "$model" <<'EOF'
@@ -38,15 +43,17 @@ import sys
 runs = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    runs.setdefault(r["tokens"], {})[r["engine"]] = r
-first = next(iter(runs.values()))["kvfuse"]
-print(f"\nFull prefill, {os.path.basename(sys.argv[2])}, {first['threads']} threads, "
-      f"median of {len(first['ms'])} reps\n")
-print("| tokens | kvfuse tok/s | llama.cpp tok/s | ratio kvfuse/llama.cpp | kvfuse peak RSS MiB "
-      "| llama.cpp peak RSS MiB | RSS ratio |")
-print("|---:|---:|---:|---:|---:|---:|---:|")
+    name = "llamacpp" if r["engine"] == "llamacpp" else ("kvfuse" if r["block_rows"] == 0 else "blocks")
+    runs.setdefault(r["tokens"], {})[name] = r
+first = next(iter(runs.values()))
+print(f"\nFull prefill, {os.path.basename(sys.argv[2])}, {first['kvfuse']['threads']} threads, median of "
+      f"{len(first['kvfuse']['ms'])} reps, kvfuse in one pass and in {first['blocks']['block_rows']}-row blocks\n")
+print("| tokens | kvfuse tok/s | blocks tok/s | llama.cpp tok/s | kvfuse / llama.cpp | blocks / llama.cpp "
+      "| kvfuse peak RSS MiB | blocks peak RSS MiB | llama.cpp peak RSS MiB | RSS ratio | blocks RSS ratio |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for n in sorted(runs):
-    k, l = runs[n]["kvfuse"], runs[n]["llamacpp"]
-    print(f"| {n} | {k['tokens_per_s']:.0f} | {l['tokens_per_s']:.0f} | {k['tokens_per_s'] / l['tokens_per_s']:.2f} "
-          f"| {k['peak_rss_mib']:.0f} | {l['peak_rss_mib']:.0f} | {k['peak_rss_mib'] / l['peak_rss_mib']:.2f} |")
+    k, b, l = runs[n]["kvfuse"], runs[n]["blocks"], runs[n]["llamacpp"]
+    t, r = lambda x: x["tokens_per_s"], lambda x: x["peak_rss_mib"]
+    print(f"| {n} | {t(k):.0f} | {t(b):.0f} | {t(l):.0f} | {t(k) / t(l):.2f}× | {t(b) / t(l):.2f}× "
+          f"| {r(k):.0f} | {r(b):.0f} | {r(l):.0f} | {r(k) / r(l):.2f} | {r(b) / r(l):.2f} |")
 EOF

@@ -2,7 +2,7 @@
 // llama.cpp, same GGUF file, same tokens, same thread count; scripts/bench_llamacpp.sh runs both side by side.
 //
 //   kvfuse-bench-prefill --engine kvfuse|llamacpp --model GGUF --tokens N [--threads 2] [--reps 3]
-//                        [--data musique_dev.json]
+//                        [--block-rows 0] [--data musique_dev.json]
 //
 // The prompt: the passages of the MuSiQue file (every entry's ctxs[].text in order, joined by "\n") tokenized with
 // kvfuse's Tokenizer (BOS first when the vocabulary adds one, control-token text not parsed), cut to exactly N
@@ -10,12 +10,14 @@
 // A prefill computes the KV of tokens 0 .. N-1 at positions 0 .. N-1 from an empty cache, and the logits of the
 // last token only:
 //   kvfuse    CpuLlama::full_prefill into a fresh LlamaKVCache (fp32); CpuLlamaOptions::threads = T,
+//             prefill_block_rows = --block-rows (0: all rows in one pass; 512: llama.cpp's batches),
 //             allow_beyond_context when N exceeds the model's trained context
 //   llamacpp  llama_decode of 512-token batches (n_ctx = N, n_batch = n_ubatch = 512, n_threads = n_threads_batch
 //             = T, llama.cpp's defaults otherwise: f16 KV, flash attention "auto") after
 //             llama_memory_clear(llama_get_memory(ctx), true)
 // Loading the model is not timed. One warm-up prefill, then R timed ones (steady_clock). Prints one JSON line:
-//   {"engine", "tokens", "threads", "ms": [per rep], "median_ms", "tokens_per_s": N / median, "peak_rss_mib"}
+//   {"engine", "tokens", "threads", "block_rows", "ms": [per rep], "median_ms", "tokens_per_s": N / median,
+//    "peak_rss_mib"}  (block_rows: kvfuse's --block-rows; llama.cpp's n_batch, 512)
 // peak_rss_mib is the process's VmHWM (/proc/self/status) at the end, so run each engine in its own process.
 //
 // --decode-cost (llamacpp only): what one llama_decode costs beyond its rows, the figure behind
@@ -60,7 +62,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =
     "usage: kvfuse-bench-prefill --engine kvfuse|llamacpp --model GGUF --tokens N [--threads 2] [--reps 3] "
-    "[--data musique_dev.json] [--decode-cost]";
+    "[--block-rows 0] [--data musique_dev.json] [--decode-cost]";
 constexpr std::int32_t kBatch = 512;
 
 struct Args {
@@ -70,6 +72,7 @@ struct Args {
   std::int64_t tokens = 0;
   int threads = 2;
   int reps = 3;
+  std::int64_t block_rows = 0;  // kvfuse: CpuLlamaOptions::prefill_block_rows
   bool decode_cost = false;
 };
 
@@ -100,6 +103,8 @@ Args parse_args(int argc, char** argv) {
       a.threads = static_cast<int>(parse_int(f, value(i, f), 1, 1024));
     } else if (f == "--reps") {
       a.reps = static_cast<int>(parse_int(f, value(i, f), 1, 1000));
+    } else if (f == "--block-rows") {
+      a.block_rows = parse_int(f, value(i, f), 0, 1 << 20);
     } else if (f == "--decode-cost") {
       a.decode_cost = true;
     } else if (f == "--help" || f == "-h") {
@@ -112,6 +117,7 @@ Args parse_args(int argc, char** argv) {
   require(a.engine == "kvfuse" || a.engine == "llamacpp", "--engine must be kvfuse or llamacpp\n{}", kUsage);
   require(!a.model.empty() && a.tokens > 0, "--model and --tokens are required\n{}", kUsage);
   require(!a.decode_cost || a.engine == "llamacpp", "--decode-cost measures llama.cpp: needs --engine llamacpp");
+  require(a.block_rows == 0 || a.engine == "kvfuse", "--block-rows sets kvfuse's prefill blocks: needs --engine kvfuse");
   return a;
 }
 
@@ -157,7 +163,9 @@ std::vector<double> bench_kvfuse(const Args& a, const kvfuse::GGUFFile& file,
                                  std::span<const kvfuse::token_id> tokens) {
   const std::int64_t context = kvfuse::LlamaConfig::from_gguf(file).context_length;
   const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(
-      file, {.threads = a.threads, .allow_beyond_context = context > 0 && a.tokens > context});
+      file, {.threads = a.threads,
+             .allow_beyond_context = context > 0 && a.tokens > context,
+             .prefill_block_rows = a.block_rows});
   return time_reps(
       a.reps, [] {},
       [&] {
@@ -276,10 +284,10 @@ int run(const Args& a) {
   const std::vector<double> ms = a.engine == "kvfuse" ? bench_kvfuse(a, file, tokens) : bench_llamacpp(a, tokens);
   const double med = median(ms);
   fmt::print(
-      "{{\"engine\":\"{}\",\"tokens\":{},\"threads\":{},\"ms\":[{:.3f}],\"median_ms\":{:.3f},\"tokens_per_s\":{:.2f},"
-      "\"peak_rss_mib\":{:.1f}}}\n",
-      a.engine, a.tokens, a.threads, fmt::join(ms, ","), med, static_cast<double>(a.tokens) / (med / 1000.0),
-      peak_rss_mib());
+      "{{\"engine\":\"{}\",\"tokens\":{},\"threads\":{},\"block_rows\":{},\"ms\":[{:.3f}],\"median_ms\":{:.3f},"
+      "\"tokens_per_s\":{:.2f},\"peak_rss_mib\":{:.1f}}}\n",
+      a.engine, a.tokens, a.threads, a.engine == "kvfuse" ? a.block_rows : kBatch, fmt::join(ms, ","), med,
+      static_cast<double>(a.tokens) / (med / 1000.0), peak_rss_mib());
   return 0;
 }
 

@@ -285,6 +285,23 @@ TEST_CASE("chunked prefill equals full prefill (CpuLlamaSession::compute_kv and 
   CHECK(diff(last, full.logits).rounding());
 }
 
+TEST_CASE("full_prefill and prefill_chunk in row blocks (CpuLlamaOptions::prefill_block_rows) equal one pass to "
+          "float rounding") {
+  const CpuLlama one_pass = tiny_model();
+  const LlamaConfig c = tiny_config(RopePairing::interleaved);
+  const CpuLlama blocks(c, LlamaWeights::random(c, 7), kvfuse::CpuLlamaOptions{2, 4, false, 6});  // 6-row blocks
+  const std::vector<token_id> tokens = prompt_tokens(20);
+  const kvfuse::LlamaPrefill a = one_pass.full_prefill(tokens);
+  const kvfuse::LlamaPrefill b = blocks.full_prefill(tokens);
+  CHECK(b.kv.positions == a.kv.positions);
+  CHECK(diff(flat_kv(b.kv), flat_kv(a.kv)).rounding());
+  CHECK(diff(b.logits, a.logits).rounding());
+  const auto chunk = std::span<const token_id>(tokens).first(13);
+  CHECK(diff(flat_kv(blocks.prefill_chunk(chunk, 4)), flat_kv(one_pass.prefill_chunk(chunk, 4))).rounding());
+  CHECK(error_of([&] { (void)CpuLlama(c, LlamaWeights::random(c, 7), kvfuse::CpuLlamaOptions{2, 4, false, -1}); })
+            .find("prefill_block_rows = -1") != std::string::npos);
+}
+
 TEST_CASE("partial prefill with every row selected on every layer equals full prefill") {
   const CpuLlama model = tiny_model();
   const std::vector<token_id> tokens = prompt_tokens(16);

@@ -93,10 +93,16 @@ struct CpuLlamaOptions {
   std::int64_t query_block = 64;  // queries per attention task
   // Compute rows at positions >= LlamaConfig::context_length (the trained context) instead of refusing them.
   bool allow_beyond_context = false;
+  // full_prefill and prefill_chunk compute their rows in blocks of this many (chunked prefill, as llama.cpp's 512-row
+  // batches), so that the activations held at once are a block's, not the prompt's; 0: all rows in one pass. The KV
+  // and logits equal one pass's to float rounding (a block's softmax sums its keys in other SIMD lanes).
+  std::int64_t prefill_block_rows = 0;
 
   void validate() const {
     detail::require(threads >= 0, "CpuLlamaOptions: threads = {} must be >= 0 (0: one per hardware thread)", threads);
     detail::require(query_block >= 1, "CpuLlamaOptions: query_block = {} must be >= 1", query_block);
+    detail::require(prefill_block_rows >= 0, "CpuLlamaOptions: prefill_block_rows = {} must be >= 0 (0: one pass)",
+                    prefill_block_rows);
   }
 };
 
@@ -298,6 +304,10 @@ class CpuLlama {
   void attention(std::int64_t layer, const LlamaKVCache& kv, const TokenSet& sel, const RowMatrix& q, RowMatrix& out,
                  const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats,
                  TokenRange query, std::vector<float>* query_mass, std::vector<float>* row_query_mass) const;
+
+  // Rows [0, kv.num_rows()) of `kv` (their tokens), in blocks of CpuLlamaOptions::prefill_block_rows; the last row's
+  // logits when `want_logits`.
+  std::vector<float> compute_all_rows(LlamaKVCache& kv, std::span<const token_id> tokens, bool want_logits) const;
 
   // The layer loop of one request: run() is forward() over a batch of one, with the std::function policy and hook
   // of the single-request API adapted to StepHooks. Returns the logits of the last row of S_0 when `want_logits`.

@@ -45,10 +45,25 @@ KVFUSE_CPU_INLINE std::vector<float> CpuLlama::compute_rows(LlamaKVCache& kv, To
   return run(kv, std::move(rows), r_tokens, nullptr, nullptr, want_logits, nullptr);
 }
 
+KVFUSE_CPU_INLINE std::vector<float> CpuLlama::compute_all_rows(LlamaKVCache& kv, std::span<const token_id> tokens,
+                                                                bool want_logits) const {
+  const std::int64_t n = kv.num_rows();
+  if (options_.prefill_block_rows == 0 || n <= options_.prefill_block_rows)
+    return run(kv, all_rows(n), tokens, nullptr, nullptr, want_logits, nullptr);
+  std::vector<float> logits;
+  // Chunked prefill: each block attends to the rows of the blocks before it.
+  for (std::int64_t b = 0; b < n; b += options_.prefill_block_rows) {
+    const TokenRange r{b, std::min(n, b + options_.prefill_block_rows)};
+    logits = compute_rows(kv, r, tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(r.size())),
+                          want_logits && r.end == n);
+  }
+  return logits;
+}
+
 KVFUSE_CPU_INLINE LlamaPrefill CpuLlama::full_prefill(std::span<const token_id> tokens) const {
   detail::require(!tokens.empty(), "CpuLlama::full_prefill: no tokens");
   LlamaPrefill out{prefill_kv(tokens, 0, "CpuLlama::full_prefill"), {}};
-  out.logits = run(out.kv, all_rows(out.kv.num_rows()), tokens, nullptr, nullptr, true, nullptr);
+  out.logits = compute_all_rows(out.kv, tokens, true);
   return out;
 }
 
@@ -56,7 +71,7 @@ KVFUSE_CPU_INLINE LlamaKVCache CpuLlama::prefill_chunk(std::span<const token_id>
                                                        std::int64_t first_position) const {
   detail::require(first_position >= 0, "CpuLlama::prefill_chunk: first_position {} is negative", first_position);
   LlamaKVCache kv = prefill_kv(tokens, first_position, "CpuLlama::prefill_chunk");
-  if (!tokens.empty()) run(kv, all_rows(kv.num_rows()), tokens, nullptr, nullptr, false, nullptr);
+  if (!tokens.empty()) (void)compute_all_rows(kv, tokens, false);
   return kv;
 }
 
