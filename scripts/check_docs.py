@@ -261,7 +261,19 @@ def check_llamacpp(root):
         expected[str(n)] = [f"{k['tokens_per_s']:.0f}", f"{l['tokens_per_s']:.0f}",
                             f"{k['tokens_per_s'] / l['tokens_per_s']:.2f}×", f"{k['peak_rss_mib']:.0f}",
                             f"{l['peak_rss_mib']:.0f}", f"{k['peak_rss_mib'] / l['peak_rss_mib']:.2f}"]
-    page.compare("| tokens | kvfuse tok/s |", "llamacpp.md, prefill benchmark", expected)
+    page.compare("| tokens | kvfuse tok/s | llama.cpp", "llamacpp.md, prefill benchmark", expected)
+    # 2026-11-29: kvfuse in one pass and in row blocks beside llama.cpp, as bench_llamacpp.sh prints it.
+    runs = {}
+    for line in (root / "docs/results/llamacpp-prefill-2026-11-29/bench_prefill.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        runs[(r["tokens"], "llamacpp" if r["engine"] == "llamacpp" else r["block_rows"] > 0)] = r
+    expected = {}
+    for n in sorted({t for t, _ in runs}):
+        k, b, l = runs[(n, False)], runs[(n, True)], runs[(n, "llamacpp")]
+        t, m = (lambda x: x["tokens_per_s"]), (lambda x: x["peak_rss_mib"])
+        expected[str(n)] = [f"{t(k):.0f}", f"{t(b):.0f}", f"{t(l):.0f}", f"{t(k) / t(l):.2f}×", f"{t(b) / t(l):.2f}×",
+                            f"{m(k):.0f}", f"{m(b):.0f}", f"{m(l):.0f}", f"{m(k) / m(l):.2f}", f"{m(b) / m(l):.2f}"]
+    page.compare("| tokens | kvfuse tok/s | blocks tok/s |", "llamacpp.md, prefill in row blocks", expected)
 
 
 def check_serving(root):
