@@ -126,7 +126,7 @@ TEST_CASE("server: --method auto takes the calibrations of its own chunk context
   CHECK(why.find("no calibration cached for this model and chunk context 'system'") != std::string::npos);
 }
 
-TEST_CASE("server: a method the batched engine cannot run is refused by name") {
+TEST_CASE("server: a method the engine cannot run is refused by name, the others accepted") {
   const auto refusal = [](std::string_view method, std::string_view engine) {
     try {
       (void)kvfuse_server::server_method(method, engine);
@@ -137,8 +137,9 @@ TEST_CASE("server: a method the batched engine cannot run is refused by name") {
   };
   CHECK(refusal("cacheblend@0.3", "cpu") == "(accepted)");
   CHECK(refusal("attnlink@4", "llamacpp") == "(accepted)");
-  CHECK(refusal("cachecraft", "cpu").find("'cachecraft': Cache-Craft reuses stored in-context variants") !=
-        std::string::npos);
+  CHECK(refusal("cachecraft@0.5", "cpu") == "(accepted)");
+  CHECK(refusal("cachecraft", "llamacpp").find("'cachecraft': Cache-Craft's variants are profiled from attention "
+                                               "statistics") != std::string::npos);
   CHECK(refusal("queryprobe@0.3", "cpu") == "(accepted)");
   CHECK(refusal("queryprobe@0.3", "llamacpp").find("'queryprobe@0.3': it changes the recomputed rows per layer") !=
         std::string::npos);
