@@ -365,7 +365,7 @@ TEST_CASE("CpuBatchEngine: chunk caches missing from the store are computed alon
   std::int64_t chunk_tokens_total = 0;
   for (const PromptChunk& c : ps[0].layout.chunks) chunk_tokens_total += c.range.size();
   CHECK(chunk_rows == chunk_tokens_total);  // each chunk's cache once, in the decode steps
-  engine.connector().wait_for_saves();
+  engine.wait_for_saves();
   for (const PromptChunk& c : ps[0].layout.chunks) {
     const auto chunk = std::span<const token_id>(ps[0].tokens).subspan(static_cast<std::size_t>(c.range.begin),
                                                                          static_cast<std::size_t>(c.range.size()));
@@ -400,7 +400,7 @@ TEST_CASE("CpuBatchEngine and FusionPipeline: chunk caches behind a chunk contex
   {
     CpuBatchEngine<ProbeStore> engine(model, store);
     (void)serve(engine, {{0, request_of(ps[0], "naive", 2)}});  // cold: computes and stores the chunk caches
-    engine.connector().wait_for_saves();
+    engine.wait_for_saves();
   }
   ProbeStore by_pipeline;
   {
@@ -486,7 +486,7 @@ TEST_CASE("CpuBatchEngine: queued chunk caches are computed one a step while oth
     CHECK(s.plan.used_tokens == s.plan.token_budget);  // the full-prefill requests took the whole budget
     CHECK(s.items == static_cast<std::int64_t>(s.plan.allocations.size()) + 1);  // and one chunk cache beside them
   }
-  engine.connector().wait_for_saves();
+  engine.wait_for_saves();
   for (const PromptChunk& c : ps[0].layout.chunks) {
     const auto chunk = std::span<const token_id>(ps[0].tokens).subspan(static_cast<std::size_t>(c.range.begin),
                                                                          static_cast<std::size_t>(c.range.size()));
@@ -538,8 +538,9 @@ TEST_CASE("CpuBatchEngine with cachecraft: chunks without a variant are computed
   CHECK(metrics.at(1).loaded_tokens == 0);
   CHECK(metrics.at(1).recomputed_rows == doctest::Approx(static_cast<double>(first.tokens.size())));
   CHECK(cold.at(1) == alone_by_pipeline(model, store, first, "full", 4));  // every row computed: full prefill
-  engine.connector().wait_for_saves();
+  engine.wait_for_saves();
   CHECK(store.inner().size() == 4);  // no isolated chunk caches: the four chunks' variants only
+  CHECK(engine.variants().size() == 4);
 
   // The reference: the single-request driver with the first prompt recorded as context (its full prefill's
   // attention statistics, the same numbers the engine's cold request reported).
@@ -580,14 +581,14 @@ TEST_CASE("CpuBatchEngine with cachecraft: a variant chunk fixed whole on every 
   ProbeStore store;
   CpuBatchEngine<ProbeStore> engine(model, store);
   (void)serve(engine, {{0, request_of(first, "cachecraft", 4)}});
-  engine.connector().wait_for_saves();
+  engine.wait_for_saves();
   REQUIRE(engine.variants().size() == 4);
   // α = 1000: CFO ≥ 1 for every chunk whose stored prefix is not within its new prefix (eq. 6-8: C, stored behind
   // system, A, B, now behind system alone), fixed whole: exact KV. A's stored prefix (system) is within its new one
   // (system, C): β' = 1, CFO = 0.
   std::map<std::uint64_t, RequestMetrics> metrics;
   const auto whole = serve(engine, {{0, request_of(second, "cachecraft@1000-nofocus", 4)}}, &metrics);
-  engine.connector().wait_for_saves();
+  engine.wait_for_saves();
   const auto full = alone_by_pipeline(model, store, second, "full", 4);
   CHECK(whole.at(2) == full);
   CHECK(metrics.at(2).recomputed_rows ==
@@ -636,7 +637,7 @@ TEST_CASE("real model: SmolLM2 batched requests of every fixed-set and per-layer
   ProbeStore craft_store;
   CpuBatchEngine<ProbeStore> engine(model, craft_store);
   (void)serve(engine, {{0, request_of(ps[0], "cachecraft@0.5", 4)}});
-  engine.connector().wait_for_saves();
+  engine.wait_for_saves();
   std::map<std::uint64_t, RequestMetrics> metrics;
   const auto got = serve(engine, {{0, request_of(ps[1], "cachecraft@0.5", 4)}}, &metrics);
   CHECK(metrics.at(2).loaded_tokens > 0);

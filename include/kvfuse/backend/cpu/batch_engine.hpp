@@ -178,6 +178,13 @@ class CpuBatchEngine {
   // Cache-Craft's variants whose KV is stored (read between steps; a step admits those saved since the last).
   [[nodiscard]] const VariantCache& variants() const noexcept { return variants_.cache(); }
 
+  // Blocks until every save issued so far is done, and admits the variants they stored (what the next step would
+  // do first). From the engine's loop thread, between steps.
+  void wait_for_saves() {
+    connector_.wait_for_saves();
+    collect_saves();
+  }
+
   // Queues a request; returns its id. Throws kvfuse::error naming a bad field.
   std::uint64_t submit(GenerationRequest request) {
     check_prompt(request.tokens, request.layout, "CpuBatchEngine::submit");
