@@ -126,6 +126,20 @@ void store_chunk_caches(const CpuLlama& model, ProbeStore& store) {
   for (const Prompt& p : prompts()) pipeline.store_chunk_caches(p.tokens, p.layout);
 }
 
+// An engine that served one cachecraft request for prompts()[0] (system, A, B, C) with no variant stored: its tokens
+// and metrics; the next, prompts()[1] (system, C, A), reorders its chunks.
+struct CraftEngine {
+  CpuLlama model = small_llama();
+  std::vector<Prompt> ps = prompts();
+  Prompt first = ps[0];
+  Prompt second = ps[1];
+  ProbeStore store;
+  CpuBatchEngine<ProbeStore> engine{model, store};
+  std::map<std::uint64_t, RequestMetrics> metrics;
+  std::map<std::uint64_t, std::vector<token_id>> cold =
+      serve(engine, {{0, request_of(first, "cachecraft", 4)}}, &metrics);
+};
+
 }  // namespace
 
 TEST_CASE("CpuLlama::forward: a batch of partial prefills gives each request's logits bit for bit") {
@@ -527,14 +541,8 @@ TEST_CASE("CpuBatchEngine: a cancelled request leaves with its KV freed; bad req
 
 TEST_CASE("CpuBatchEngine with cachecraft: chunks without a variant are computed and become variants; a request in "
           "another order loads them and gets FusionPipeline's tokens after record_context of the first") {
-  const CpuLlama model = small_llama();
-  const std::vector<Prompt> ps = prompts();
-  const Prompt& first = ps[0];   // system, A, B, C
-  const Prompt& second = ps[1];  // system, C, A
-  ProbeStore store;
-  CpuBatchEngine<ProbeStore> engine(model, store);
-  std::map<std::uint64_t, RequestMetrics> metrics;
-  const auto cold = serve(engine, {{0, request_of(first, "cachecraft", 4)}}, &metrics);
+  CraftEngine e;
+  auto& [model, ps, first, second, store, engine, metrics, cold] = e;
   CHECK(metrics.at(1).loaded_tokens == 0);
   CHECK(metrics.at(1).recomputed_rows == doctest::Approx(static_cast<double>(first.tokens.size())));
   CHECK(cold.at(1) == alone_by_pipeline(model, store, first, "full", 4));  // every row computed: full prefill
@@ -574,19 +582,13 @@ TEST_CASE("CpuBatchEngine with cachecraft: chunks without a variant are computed
 
 TEST_CASE("CpuBatchEngine with cachecraft: a variant chunk fixed whole on every layer becomes a variant for its new "
           "prefix, which a later request in that order loads with nothing to fix") {
-  const CpuLlama model = small_llama();
-  const std::vector<Prompt> ps = prompts();
-  const Prompt& first = ps[0];   // system, A, B, C
-  const Prompt& second = ps[1];  // system, C, A
-  ProbeStore store;
-  CpuBatchEngine<ProbeStore> engine(model, store);
-  (void)serve(engine, {{0, request_of(first, "cachecraft", 4)}});
+  CraftEngine e;
+  auto& [model, ps, first, second, store, engine, metrics, cold] = e;
   engine.wait_for_saves();
   REQUIRE(engine.variants().size() == 4);
   // α = 1000: CFO ≥ 1 for every chunk whose stored prefix is not within its new prefix (eq. 6-8: C, stored behind
   // system, A, B, now behind system alone), fixed whole: exact KV. A's stored prefix (system) is within its new one
   // (system, C): β' = 1, CFO = 0.
-  std::map<std::uint64_t, RequestMetrics> metrics;
   const auto whole = serve(engine, {{0, request_of(second, "cachecraft@1000-nofocus", 4)}}, &metrics);
   engine.wait_for_saves();
   const auto full = alone_by_pipeline(model, store, second, "full", 4);

@@ -161,7 +161,7 @@ using LayerHook = std::function<void(std::int64_t layer)>;
 }
 
 // Whether every row of `chunk` is in every S_l of `selected`: its chunk_attention statistics are complete.
-[[nodiscard]] inline bool computed_on_every_layer(TokenRange chunk, const std::vector<TokenSet>& selected) {
+[[nodiscard]] inline bool computed_on_every_layer(TokenRange chunk, std::span<const TokenSet> selected) {
   return !selected.empty() && std::all_of(selected.begin(), selected.end(), [chunk](const TokenSet& s) {
     const auto first = std::lower_bound(s.begin(), s.end(), chunk.begin);
     return s.end() - first >= chunk.size() && (chunk.empty() || *(first + (chunk.size() - 1)) == chunk.end - 1);

@@ -475,10 +475,9 @@ class CpuBatchEngine {
       attention.clear();
       attended.clear();
       profiling = false;
-      const std::vector<TokenSet> planned{plan.initial};
       for (std::size_t j = 0; j < plan.chunks.size() && is_craft(); ++j)
         profiling = profiling || (request.layout.chunks[j].cached && !plan.chunks[j].range.empty() &&
-                                  computed_on_every_layer(plan.chunks[j].range, planned));
+                                  computed_on_every_layer(plan.chunks[j].range, {&plan.initial, 1}));
     }
     [[nodiscard]] std::int64_t prefill_cost() const noexcept {
       if (is_full()) return num_tokens() - prefilled;

@@ -48,12 +48,11 @@ KVFUSE_CPU_INLINE std::vector<float> CpuLlama::compute_rows(LlamaKVCache& kv, To
 KVFUSE_CPU_INLINE std::vector<float> CpuLlama::compute_all_rows(LlamaKVCache& kv, std::span<const token_id> tokens,
                                                                 bool want_logits) const {
   const std::int64_t n = kv.num_rows();
-  if (options_.prefill_block_rows == 0 || n <= options_.prefill_block_rows)
-    return run(kv, all_rows(n), tokens, nullptr, nullptr, want_logits, nullptr);
+  const std::int64_t block = options_.prefill_block_rows == 0 ? n : options_.prefill_block_rows;
   std::vector<float> logits;
   // Chunked prefill: each block attends to the rows of the blocks before it.
-  for (std::int64_t b = 0; b < n; b += options_.prefill_block_rows) {
-    const TokenRange r{b, std::min(n, b + options_.prefill_block_rows)};
+  for (std::int64_t b = 0; b < n; b += block) {
+    const TokenRange r{b, std::min(n, b + block)};
     logits = compute_rows(kv, r, tokens.subspan(static_cast<std::size_t>(b), static_cast<std::size_t>(r.size())),
                           want_logits && r.end == n);
   }
