@@ -10,6 +10,10 @@
 //                                  per request and layer, wait_for_layer's pieces installed into that layer's rows
 //                                  (K RoPE-shifted to the rows' positions), after_layer when the plan is per-layer
 //   finish(request)                its pages back to the pool (also for a request cancelled before its step)
+// Cache-Craft (cachecraft requests) through the public VariantBook (kvfuse/fusion/variant_book.hpp), as an engine
+// outside kvfuse keeps its variants: plans choose from the book; a request that computes a reusable chunk on every
+// layer collects its attention statistics in after_layer and, when its prefill ends, saves each new variant's KV
+// through the connector and admits it once the save is done; a variant whose read failed is forgotten.
 // A failed read stays with its request: step() reports its status, the other requests of the batch are untouched,
 // and its plan is recovered (FusionConnector::recover: the failed chunks computed instead) for the next step.
 //
@@ -39,6 +43,7 @@
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/fusion/connector.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
+#include "kvfuse/fusion/variant_book.hpp"
 
 namespace kvfuse_example {
 
@@ -53,11 +58,15 @@ class PagedBatchEngine {
     std::vector<float> logits;                        // of the prompt's last row, on success
   };
 
-  // A pool of `pages` pages shared by every request.
-  PagedBatchEngine(const kvfuse::CpuLlama& model, Store& store, std::int64_t pages, kvfuse::ConnectorConfig config = {})
+  // A pool of `pages` pages shared by every request; Cache-Craft's variants in an N x M VariantCache (§3.3).
+  PagedBatchEngine(const kvfuse::CpuLlama& model, Store& store, std::int64_t pages, kvfuse::ConnectorConfig config = {},
+                   kvfuse::VariantCacheConfig variants = {})
       : model_(&model),
+        store_(&store),
         // fp32 storage: the stored blocks carry the model's own fingerprint
-        connector_(store, kvfuse::engine_shape(kvfuse::CpuLlamaFusion(model)), config),
+        shape_(kvfuse::engine_shape(kvfuse::CpuLlamaFusion(model))),
+        connector_(store, shape_, config),
+        variants_(variants),
         pool_(static_cast<std::size_t>(pages) * page_floats()) {
     for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(p);  // handed out from the back: page 0 first
   }
@@ -67,11 +76,12 @@ class PagedBatchEngine {
   std::uint64_t admit(std::span<const kvfuse::token_id> tokens, const kvfuse::PromptLayout& layout,
                       kvfuse::FusionMethod method) {
     const std::uint64_t id = next_id_++;
-    Request r{{tokens.begin(), tokens.end()}, std::move(method), {}, {}, {}, false};
+    Request r{{tokens.begin(), tokens.end()}, layout, std::move(method)};
     const auto pages = static_cast<std::size_t>((static_cast<std::int64_t>(tokens.size()) + kPageRows - 1) / kPageRows);
     kvfuse::require(pages <= free_.size(), "PagedBatchEngine::admit: {} rows need {} pages, {} are free",
                     tokens.size(), pages, free_.size());
-    r.plan = connector_.plan(id, tokens, layout, r.method);
+    r.plan = connector_.plan(id, tokens, layout, r.method, variants_.index());
+    variants_.record_uses(r.plan);  // f_r += 1/CFO (Cache-Craft §3.3)
     start(r);
     while (r.block_table.size() < pages) {
       r.block_table.push_back(free_.back());
@@ -102,6 +112,10 @@ class PagedBatchEngine {
       items[i].needs = {r.plan.per_layer, needs.k_deviation, needs.v_deviation,
                         needs.chunk_mass || needs.self_mass ? &r.plan.layout : nullptr,
                         needs.query_mass ? r.plan.layout.query : kvfuse::TokenRange{}};
+      if (r.collects) {  // the statistics that make its computed chunks Cache-Craft variants
+        items[i].needs.after_layer = true;
+        items[i].needs.groups = &r.plan.layout;
+      }
     }
     Hooks hooks(*this, ids, kv);
     model_->forward(items, hooks);
@@ -112,7 +126,9 @@ class PagedBatchEngine {
         scatter(kv[i], r);
         r.prefilled = true;
         connector_.finish(ids[i]);  // its loads are done; its pages keep its KV until finish()
+        save_variants(r, kv[i]);
       } else {
+        for (const std::size_t j : connector_.failure(ids[i]).chunks) variants_.forget(r.plan.chunks[j]);
         r.plan = connector_.recover(ids[i], r.method);  // the failed chunks computed instead
         zero(r);                                         // its rows start over, as a new request's
         start(r);
@@ -132,6 +148,8 @@ class PagedBatchEngine {
   }
 
   [[nodiscard]] std::size_t free_pages() const noexcept { return free_.size(); }
+  // Cache-Craft's variants whose KV is stored.
+  [[nodiscard]] const kvfuse::VariantCache& variants() const noexcept { return variants_.cache(); }
   [[nodiscard]] const std::vector<std::int64_t>& block_table(std::uint64_t request) const {
     return requests_.at(request).block_table;
   }
@@ -141,11 +159,15 @@ class PagedBatchEngine {
  private:
   struct Request {
     std::vector<kvfuse::token_id> tokens;
+    kvfuse::PromptLayout layout;
     kvfuse::FusionMethod method;
-    kvfuse::FusionPlan plan;
-    std::vector<std::int64_t> block_table;         // request page -> pool page
-    std::vector<kvfuse::token_id> initial_tokens;  // the token of each row of S_0 (BatchItem::tokens)
-    bool prefilled;
+    kvfuse::FusionPlan plan{};
+    std::vector<std::int64_t> block_table{};         // request page -> pool page
+    std::vector<kvfuse::token_id> initial_tokens{};  // the token of each row of S_0 (BatchItem::tokens)
+    bool prefilled = false;
+    bool collects = false;                           // VariantBook::collects_variants
+    std::vector<kvfuse::LayerAttention> attention{}; // when collecting: each layer's statistics over the layout's
+    std::vector<kvfuse::TokenSet> attended{};        // chunks, and S_l
   };
 
   // The engine's side of the per-layer hooks, item i being request ids[i] with its gathered KV kv[i].
@@ -161,6 +183,10 @@ class PagedBatchEngine {
       return load.status;
     }
     kvfuse::Status after_layer(std::size_t item, const kvfuse::LayerReport& report, kvfuse::TokenSet& next) override {
+      if (Request& r = e.requests_.at(ids[item]); r.collects && report.attention != nullptr) {
+        r.attention.push_back(*report.attention);
+        r.attended.push_back(report.selected);
+      }
       return e.connector_.after_layer(ids[item], report, next);
     }
   };
@@ -178,9 +204,29 @@ class PagedBatchEngine {
     return static_cast<std::size_t>(slot * kv_dim());
   }
 
-  void start(const Request& r) {
+  void start(Request& r) {
+    r.collects = kvfuse::VariantBook::collects_variants(r.method, r.layout, r.plan);
+    r.attention.clear();
+    r.attended.clear();
     const kvfuse::Status s = connector_.start(r.plan, r.method);
     kvfuse::require_code(s == kvfuse::Status::success, s, "PagedBatchEngine: {}", kvfuse::last_status_message());
+  }
+
+  // Its prefill is done: each new variant's KV saved through the connector (CpuLlamaFusion's fp32 format: the rows'
+  // LlamaKVCache block), admitted once stored. A real engine would collect the saves a step later instead of waiting.
+  void save_variants(Request& r, const kvfuse::LlamaKVCache& kv) {
+    if (!r.collects) return;
+    std::vector<kvfuse::NewVariant> made =
+        kvfuse::VariantBook::new_variants(r.tokens, r.layout, r.plan, r.attention, r.attended, shape_.model);
+    for (const kvfuse::NewVariant& v : made) connector_.save(v.key, kv.to_block(v.rows));
+    connector_.wait_for_saves();
+    for (const kvfuse::SaveResult& saved : connector_.finished_saves())
+      for (kvfuse::NewVariant& v : made)
+        if (saved.status == kvfuse::Status::success && saved.key == v.key)
+          variants_.admit(v.profile, v.key, v.rows.begin, *store_);
+    r.collects = false;
+    r.attention.clear();
+    r.attended.clear();
   }
 
   void zero(const Request& r) {
@@ -219,7 +265,10 @@ class PagedBatchEngine {
   }
 
   const kvfuse::CpuLlama* model_;
+  Store* store_;                      // where the KV of variants the book evicts is erased
+  kvfuse::EngineShape shape_;
   kvfuse::FusionConnector<Store> connector_;
+  kvfuse::VariantBook variants_;      // Cache-Craft's variants of cachecraft requests
   std::vector<float> pool_;           // every page of every request
   std::vector<std::int64_t> free_;    // pages no request holds
   std::map<std::uint64_t, Request> requests_;

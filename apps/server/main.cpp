@@ -239,6 +239,8 @@ class ServiceApi {
   virtual Ticket submit(kvfuse::GenerationRequest request) = 0;
   virtual void cancel(std::uint64_t id) = 0;
   [[nodiscard]] virtual std::int64_t in_flight() const = 0;
+  // Cache-Craft's variants the engine keeps (synchronized itself); nullptr for an engine that keeps none.
+  [[nodiscard]] virtual const kvfuse::VariantCache* variants() const = 0;
 
  protected:
   ~ServiceApi() = default;
@@ -298,6 +300,13 @@ class Service final : public ServiceApi {
   [[nodiscard]] std::int64_t in_flight() const override {
     std::lock_guard lock(mutex_);
     return static_cast<std::int64_t>(channels_.size());
+  }
+
+  [[nodiscard]] const kvfuse::VariantCache* variants() const override {
+    if constexpr (requires { engine_.variants(); })
+      return &engine_.variants();
+    else
+      return nullptr;
   }
 
  private:
@@ -442,6 +451,8 @@ class Api {
       g.redis_rejected = stores_.redis_rejected();
       g.memory_bytes = stores_.memory().bytes();
       g.memory_evictions = stores_.memory().evictions();
+      if (const kvfuse::VariantCache* v = service_.variants())
+        g.variants = kvfuse_server::VariantGauges{v->size(), v->capacity(), v->inserted_total(), v->evicted_total()};
       res.set_content(metrics_.render(g), "text/plain; version=0.0.4");
     });
     // Answers httplib gives by itself (no route, a body over the limit, an unreadable request) get an error body.

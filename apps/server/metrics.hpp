@@ -2,12 +2,13 @@
 // The server's Prometheus metrics (text exposition format 0.0.4): HTTP responses by route and status, finished
 // completions by reason, time to first token and engine step time as histograms, prompt rows loaded from the store
 // and recomputed, the store's chunk-cache hits and misses, and the load time still visible in the steps (the
-// engine waiting in kvfuse's per-layer hooks for a layer being read).
+// engine waiting in kvfuse's per-layer hooks for a layer being read), and the Cache-Craft variants the engine keeps.
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,14 @@ class Histogram {
   double sum_ = 0.0;
 };
 
+// Cache-Craft's variants the engine keeps (CpuBatchEngine::variants).
+struct VariantGauges {
+  std::int64_t held = 0;
+  std::int64_t capacity = 0;  // N x M
+  std::int64_t inserted = 0;
+  std::int64_t evicted = 0;
+};
+
 // What the metrics read at scrape time from the engine and the store.
 struct Gauges {
   std::int64_t in_flight = 0;  // requests in the engine (queued or running)
@@ -49,6 +58,7 @@ struct Gauges {
   std::int64_t redis_rejected = 0;
   std::int64_t memory_bytes = 0;      // the memory tier's payload
   std::int64_t memory_evictions = 0;  // entries it evicted to make room (--memory-bytes)
+  std::optional<VariantGauges> variants;  // none: the engine keeps no variants (llamacpp)
 };
 
 class Metrics {
@@ -119,6 +129,15 @@ class Metrics {
     gauge("kvfuse_requests_in_flight", "Requests in the engine, queued or running.", g.in_flight);
     gauge("kvfuse_queue_limit", "Requests the engine takes at once (--queue-limit); more are answered 429.",
           g.queue_limit);
+    if (g.variants) {
+      gauge("kvfuse_cachecraft_variants", "Cache-Craft chunk-cache variants held (their KV stored).", g.variants->held);
+      gauge("kvfuse_cachecraft_variants_capacity", "Variants the engine keeps at most (N chunks x M variants).",
+            g.variants->capacity);
+      counter("kvfuse_cachecraft_variants_inserted_total", "Variants admitted once their KV was stored.",
+              g.variants->inserted);
+      counter("kvfuse_cachecraft_variants_evicted_total", "Variants evicted (lowest reuse frequency) and their KV "
+              "erased.", g.variants->evicted);
+    }
     return out;
   }
 

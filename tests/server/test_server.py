@@ -242,6 +242,13 @@ class ServerTest(OneServerTest):
         self.assertGreaterEqual(u2["loaded_tokens"], u2["chunk_tokens"])
         self.assertLess(u2["recomputed_tokens"], second.usage.prompt_tokens)
         self.assertTrue(second.choices[0].message.content)
+        # /metrics counts the variants the engine keeps: at least the first request's three parts.
+        metrics = dict(line.split() for line in self.server.get("/metrics")[1].splitlines()
+                       if line.startswith("kvfuse_cachecraft_"))
+        self.assertGreaterEqual(int(metrics["kvfuse_cachecraft_variants"]), 3)
+        self.assertGreaterEqual(int(metrics["kvfuse_cachecraft_variants_inserted_total"]),
+                                int(metrics["kvfuse_cachecraft_variants"]))
+        self.assertEqual(int(metrics["kvfuse_cachecraft_variants_capacity"]), 500)  # N = 100 x M = 5
 
     def test_parts_are_reused_behind_the_same_system_prompt_only(self):
         texts = ["The Amazon river discharges more water than the next seven largest rivers combined.",

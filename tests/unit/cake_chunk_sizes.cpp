@@ -154,6 +154,31 @@ TEST_CASE("CakeSpeedMeter: the speeds measured on one simulated request match th
   CHECK(got.fetch_chunk_s(128) == doctest::Approx(truth.fetch_chunk_s(128)));
 }
 
+TEST_CASE("a free link (a memory tier not yet measured) is known fast, not unknown: the adaptive race waits for "
+          "its loads instead of computing a chunk of the prefix") {
+  const Engine e{0.02, 0.001, 0.0};
+  const auto tokens = iota_tokens(512 + kQuestion);
+  const auto trace = ResourceTrace::constant(1.0, 1.0);
+  SimulatedCompute compute(cost_of(e), trace);
+  SimulatedStore store({1e-5, 1}, trace);  // 10 µs a fetch
+  const auto keys = prefix_chunk_keys(compute.model_fingerprint(), tokens, kGrid);
+  for (std::int64_t b = 0; b < 512; b += kGrid) store.put(keys[static_cast<std::size_t>(b / kGrid)], KVBlock{kGrid, {}});
+  const CakeSpeeds speeds{e.call_s, e.token_s, 0.0, 0.0};  // nothing measured of the link yet
+  const std::int64_t chunk = choose_chunk_sizes(speeds, 512).compute_chunk;
+  const LoaderEstimate free_link = speeds.estimate(chunk, kGrid);
+  CHECK(free_link.fetch_chunk_s > 0);
+  const LoaderTrace known = SimLoader({chunk, kGrid, LoaderMode::adaptive}, free_link).run(compute, store, tokens);
+  CHECK(known.loaded_tokens == 512);  // every stored token loaded
+  CHECK(known.meet_token == 0);
+  // The same race told nothing of the link (0: unknown) computes a chunk from the front first, as Cake does.
+  LoaderEstimate unknown = free_link;
+  unknown.fetch_chunk_s = 0;
+  SimulatedCompute again(cost_of(e), trace);
+  const LoaderTrace raced = SimLoader({chunk, kGrid, LoaderMode::adaptive}, unknown).run(again, store, tokens);
+  CHECK(raced.meet_token > 0);
+  CHECK(raced.loaded_tokens < 512);
+}
+
 TEST_CASE("the last compute chunk stops where the loaded KV begins") {
   // Compute chunks of 512 tokens (1 ms per token); the second one starts at 0.512 s and ends where the loads are.
   const Engine e{0.0, 0.001, 0.0};

@@ -4,6 +4,7 @@
 // request's failed read leaves the others unchanged and is recomputed in the next step.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <string>
@@ -164,6 +165,57 @@ TEST_CASE("PagedBatchEngine: one request's failed read leaves the others unchang
   check_same_kv(engine.gather(failing), kv);
 
   for (std::uint64_t id : {first, failing, third}) engine.finish(id);
+  CHECK(engine.free_pages() == 16);
+}
+
+TEST_CASE("PagedBatchEngine with cachecraft through the public VariantBook: the first request's chunks become "
+          "variants; a request in another order loads them and gets FusionPipeline's logits and KV after "
+          "record_context of the first; a variant whose read fails is forgotten") {
+  const CpuLlama model = small_llama();
+  const std::vector<Prompt> ps = prompts();
+  FailingStore store;  // empty: the first request finds no variant
+  Engine engine(model, store, 16);
+  const std::uint64_t first = engine.admit(ps[0].tokens, ps[0].layout, parse_method("cachecraft"));
+  const std::vector<Engine::StepResult> cold = engine.step();
+  REQUIRE(cold.size() == 1);
+  REQUIRE(cold[0].status == Status::success);
+  FailingStore empty;
+  CHECK(cold[0].logits == alone(model, empty, ps[0], "full").first);  // every row computed: full prefill
+  CHECK(engine.variants().size() == 4);  // system, A, B, C: each computed on every layer
+  CHECK(store.inner.size() == 4);
+
+  // The reference: the single-request driver with the first prompt recorded as context.
+  FailingStore reference_store;
+  CpuLlamaFusion reference_engine(model);
+  FusionPipeline pipeline(reference_engine, reference_store);
+  pipeline.record_context(ps[0].tokens, ps[0].layout);
+  const FusionPlan expected = pipeline.plan(ps[1].tokens, ps[1].layout, parse_method("cachecraft"));
+  for (const ChunkPlan& c : expected.chunks) CHECK(c.source == KVSource::variant);
+  const std::vector<float> reference = pipeline.run(ps[1].tokens, ps[1].layout, parse_method("cachecraft")).logits;
+
+  const std::uint64_t second = engine.admit(ps[1].tokens, ps[1].layout, parse_method("cachecraft"));
+  const std::vector<Engine::StepResult> warm = engine.step();
+  REQUIRE(warm.size() == 1);
+  REQUIRE(warm[0].status == Status::success);
+  CHECK(warm[0].logits == reference);
+  check_same_kv(engine.gather(second), reference_engine.kv());
+
+  // A variant whose KV the store lost: the read fails, the variant is forgotten, the chunk is computed next step.
+  const std::vector<VariantEntry> held = engine.variants().entries();
+  const auto c_variant =  // the variant C's plan loads
+      std::find_if(held.begin(), held.end(), [&](const VariantEntry& v) { return v.kv == expected.chunks[1].key; });
+  REQUIRE(c_variant != held.end());
+  const VariantEntry lost = *c_variant;
+  REQUIRE(store.inner.erase(lost.kv));
+  const std::uint64_t third = engine.admit(ps[1].tokens, ps[1].layout, parse_method("cachecraft"));
+  const std::vector<Engine::StepResult> failed = engine.step();
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].status != Status::success);
+  for (const VariantEntry& v : engine.variants().entries()) CHECK(v.id != lost.id);
+  const std::vector<Engine::StepResult> again = engine.step();
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].status == Status::success);
+  for (std::uint64_t id : {first, second, third}) engine.finish(id);
   CHECK(engine.free_pages() == 16);
 }
 

@@ -118,6 +118,15 @@ class VariantCache {
     std::lock_guard lock(mutex_);
     return size_;
   }
+  // Variants inserted and evicted since construction (erase() is not an eviction).
+  [[nodiscard]] std::int64_t inserted_total() const {
+    std::lock_guard lock(mutex_);
+    return inserted_total_;
+  }
+  [[nodiscard]] std::int64_t evicted_total() const {
+    std::lock_guard lock(mutex_);
+    return evicted_total_;
+  }
   // Number of distinct chunks with at least one variant.
   [[nodiscard]] std::int64_t num_chunks() const {
     std::lock_guard lock(mutex_);
@@ -162,6 +171,8 @@ class VariantCache {
     kv_keys_.insert(kv);
     chunks_[chunk].push_back(std::move(entry));
     ++size_;
+    ++inserted_total_;
+    evicted_total_ += static_cast<std::int64_t>(result.evicted.size());
     return result;
   }
 
@@ -291,6 +302,8 @@ class VariantCache {
   std::unordered_map<std::uint64_t, std::vector<VariantEntry>> chunks_;  // each vector in id order
   std::unordered_set<KVKey, KVKeyHash> kv_keys_;
   std::int64_t size_ = 0;
+  std::int64_t inserted_total_ = 0;
+  std::int64_t evicted_total_ = 0;
   std::uint64_t next_id_ = 0;
 };
 

@@ -152,7 +152,7 @@ class FusionPipeline {
   {
     check_prompt(tokens, layout, "FusionPipeline::record_context");
     std::lock_guard lock(mutex_);
-    const detail::ChunkProfiles chunks = detail::VariantBook::profile(*backend_, tokens, layout);
+    const ChunkProfiles chunks = VariantBook::profile(*backend_, tokens, layout);
     std::uint64_t prefix = kHashSeed;
     for (std::size_t j = 0; j < layout.chunks.size(); ++j) {
       const TokenRange r = layout.chunks[j].range;
@@ -328,7 +328,7 @@ class FusionPipeline {
   Store* store_;
   EngineShape shape_;
   mutable std::mutex mutex_;  // serializes the requests on the engine; guards everything below but the cache
-  detail::VariantBook variants_;
+  VariantBook variants_;
   LoadConfig load_;
   detail::EntryLoader<Backend, Store> loader_;
 };

@@ -1,14 +1,24 @@
 #pragma once
-// Cache-Craft's variants for FusionPipeline (fusion/fusion_pipeline.hpp: record_context fills it) and CpuBatchEngine
-// (its cachecraft requests' chunks computed in full): the VariantCache (Cache-Craft §3.3) and where each variant's KV
-// was rotated, which plan_fusion reads (VariantIndex). The cache holds metadata only; the KV is in the caller's
-// store, under variant_key(model, chunk, ids of its stored prefix).
+// VariantBook: Cache-Craft's variants (§3.3) kept by whoever drives the forward pass: the VariantCache and where each
+// variant's KV was rotated, which plan_fusion reads (VariantIndex). The cache holds metadata only; the KV is in the
+// caller's store, under variant_key(model, chunk, ids of its stored prefix). FusionPipeline fills it offline
+// (record_context); an engine that owns its step loop (CpuBatchEngine, or one outside kvfuse on FusionConnector's
+// hooks) fills it from its own cachecraft requests:
+//
+//   plan = connector.plan(r, tokens, layout, method, book.index());  book.record_uses(plan);
+//   if (VariantBook::collects_variants(method, layout, plan))        the forward pass reports attention statistics
+//     LayerNeeds::after_layer = true, groups = &plan.layout;         over the layout's chunks; after_layer keeps each
+//                                                                   layer's LayerReport::attention and selected
+//   at the end of the prefill: for (v : VariantBook::new_variants(tokens, layout, plan, attention, selected, model))
+//     save v.rows under v.key; once stored: book.admit(v.profile, v.key, v.rows.begin, store)
+//   a failed read of a planned variant: book.forget(plan.chunks[j]) before recovering the plan
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "kvfuse/backend/concepts.hpp"
@@ -22,13 +32,21 @@
 #include "kvfuse/fusion/planner.hpp"
 #include "kvfuse/select/cci_scorer.hpp"
 
-namespace kvfuse::detail {
+namespace kvfuse {
 
 // What record_context learns from an earlier prompt's statistics: per chunk, its Cache-Craft profile and whether it
 // becomes a variant.
 struct ChunkProfiles {
   std::vector<ChunkProfile> profiles;  // CCIScorer's (eq. 3-11, 14), one per layout chunk
   std::vector<bool> variant;           // false: an empty chunk or a repeat of an earlier one
+};
+
+// A variant a request's prefill made (VariantBook::new_variants): its profile, the store key of its KV, and the rows
+// of the request that hold that KV (rotated at rows.begin: the variant's first position).
+struct NewVariant {
+  ChunkProfile profile;
+  KVKey key;
+  TokenRange rows;
 };
 
 // The first position of a variant's KV is guarded by the caller's lock (FusionPipeline's; CpuBatchEngine's step
@@ -82,9 +100,44 @@ class VariantBook {
       const std::uint64_t id = chunk_content_id(slice(tokens, r));
       const bool unique = !r.empty() && std::find(ids.begin(), ids.end(), id) == ids.end();
       out.variant[j] = unique && computed_on_every_layer(r, selected);
-      ids.push_back(unique ? id : mix64(id ^ (0x5bd1e995ull * (j + 1))));
+      ids.push_back(unique ? id : detail::mix64(id ^ (0x5bd1e995ull * (j + 1))));
     }
     out.profiles = CCIScorer().profile(chunk_attention(ids, layout, layers, selected));
+    return out;
+  }
+
+  // Whether a request of `method` with this plan makes variants: Cache-Craft computing every row of a reusable chunk
+  // of `layout` (the request's; the plan's marks what it loads) on its first layer (none stored, or a variant whose
+  // ⌈CFO · |C|⌉ is the whole chunk). Its forward pass then collects attention statistics over the layout's chunks
+  // for new_variants (§3.3: a variant per new chunk and prefix).
+  [[nodiscard]] static bool collects_variants(const FusionMethod& method, const PromptLayout& layout,
+                                              const FusionPlan& plan) {
+    if (!std::holds_alternative<CacheCraft>(method)) return false;
+    for (std::size_t j = 0; j < plan.chunks.size(); ++j)
+      if (layout.chunks[j].cached && !plan.chunks[j].range.empty() &&
+          computed_on_every_layer(plan.chunks[j].range, {&plan.initial, 1}))
+        return true;
+    return false;
+  }
+
+  // At the end of such a request's prefill, from each layer's statistics (groups = plan.layout) and the rows S_l it
+  // computed: each reusable chunk of `layout` computed on every layer (focus termination did not stop it) that is
+  // not the variant it loaded, with its profile (CCI, the eq. 14 order) and key under `model`'s fingerprint.
+  [[nodiscard]] static std::vector<NewVariant> new_variants(std::span<const token_id> tokens,
+                                                            const PromptLayout& layout, const FusionPlan& plan,
+                                                            const std::vector<LayerAttention>& layers,
+                                                            const std::vector<TokenSet>& selected,
+                                                            std::uint64_t model) {
+    std::vector<NewVariant> out;
+    if (layers.empty()) return out;
+    ChunkProfiles found = profiles_of(tokens, plan.layout, layers, selected);
+    for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
+      if (!found.variant[j] || !layout.chunks[j].cached) continue;
+      ChunkProfile& p = found.profiles[j];
+      KVKey key = variant_key(model, p.chunk_id, p.stored_prefix);
+      if (key == plan.chunks[j].key) continue;  // the variant it loaded
+      out.push_back({std::move(p), std::move(key), plan.chunks[j].range});
+    }
     return out;
   }
 
@@ -129,4 +182,4 @@ class VariantBook {
   std::unordered_map<std::uint64_t, std::int64_t> first_positions_;  // variant key content -> first position
 };
 
-}  // namespace kvfuse::detail
+}  // namespace kvfuse

@@ -69,9 +69,13 @@ struct CakeSpeeds {
     return static_cast<double>(prefix_tokens) / rate;
   }
 
-  // The adaptive mode's a-priori costs for chunks of these sizes (the growth with position folded into b).
+  // The adaptive mode's a-priori costs for chunks of these sizes (the growth with position folded into b). A free
+  // link (L = β = 0, e.g. a memory tier not yet measured) is known to be fast, not unknown (0 to the loader): its
+  // fetch chunk is given kFreeFetchS, so the compute side waits for the loads (within its idle budget, one compute
+  // chunk's time) instead of racing them.
+  static constexpr double kFreeFetchS = 1e-6;
   [[nodiscard]] LoaderEstimate estimate(std::int64_t compute_chunk, std::int64_t fetch_chunk) const noexcept {
-    return {compute_chunk_s(compute_chunk), 0.0, fetch_chunk_s(fetch_chunk), compute_call_s};
+    return {compute_chunk_s(compute_chunk), 0.0, std::max(fetch_chunk_s(fetch_chunk), kFreeFetchS), compute_call_s};
   }
 };
 

@@ -468,16 +468,12 @@ class CpuBatchEngine {
     [[nodiscard]] std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(request.tokens.size()); }
     [[nodiscard]] bool is_full() const noexcept { return std::holds_alternative<FullRecompute>(request.method); }
     [[nodiscard]] bool is_craft() const noexcept { return std::holds_alternative<CacheCraft>(request.method); }
-    // A Cache-Craft plan that computes every row of a reusable chunk (none stored, or a variant whose ⌈CFO · |C|⌉
-    // is the whole chunk) collects the attention statistics that make it a variant (Cache-Craft §3.3: a variant per
-    // new chunk and prefix).
+    // A Cache-Craft plan that computes every row of a reusable chunk collects the attention statistics that make
+    // it a variant (VariantBook::collects_variants).
     void start_profiling() {
       attention.clear();
       attended.clear();
-      profiling = false;
-      for (std::size_t j = 0; j < plan.chunks.size() && is_craft(); ++j)
-        profiling = profiling || (request.layout.chunks[j].cached && !plan.chunks[j].range.empty() &&
-                                  computed_on_every_layer(plan.chunks[j].range, {&plan.initial, 1}));
+      profiling = VariantBook::collects_variants(request.method, request.layout, plan);
     }
     [[nodiscard]] std::int64_t prefill_cost() const noexcept {
       if (is_full()) return num_tokens() - prefilled;
@@ -646,16 +642,12 @@ class CpuBatchEngine {
   // request's own attention statistics, its KV (rotated where it stands) saved asynchronously and chosen by later
   // plans once stored (collect_saves).
   void save_variants(Running& r) {
-    const detail::ChunkProfiles found =
-        detail::VariantBook::profiles_of(r.request.tokens, r.plan.layout, r.attention, r.attended);
-    for (std::size_t j = 0; j < r.plan.chunks.size(); ++j) {
-      const ChunkPlan& c = r.plan.chunks[j];
-      if (!found.variant[j] || !r.request.layout.chunks[j].cached) continue;
-      const ChunkProfile& p = found.profiles[j];
-      KVKey key = variant_key(model_->fingerprint(), p.chunk_id, p.stored_prefix);
-      if (key == c.key || !saving_.insert(key.content).second) continue;  // c.key: the variant it loaded
-      connector_.save(key, r.fusion.save_rows(c.range));
-      pending_variants_.emplace(key.content, PendingVariant{p, std::move(key), c.range.begin});
+    for (NewVariant& v : VariantBook::new_variants(r.request.tokens, r.request.layout, r.plan, r.attention, r.attended,
+                                                   model_->fingerprint())) {
+      if (!saving_.insert(v.key.content).second) continue;
+      connector_.save(v.key, r.fusion.save_rows(v.rows));
+      const KVKey key = v.key;
+      pending_variants_.emplace(key.content, PendingVariant{std::move(v.profile), key, v.rows.begin});
     }
     r.profiling = false;
     r.attention.clear();
@@ -721,7 +713,7 @@ class CpuBatchEngine {
   TokenBudgetScheduler scheduler_;
   FusionConnector<Store> connector_;
   Store* store_;                    // where evicted variants' KV is erased
-  detail::VariantBook variants_;    // Cache-Craft's variants (step thread only, but the cache itself)
+  VariantBook variants_;            // Cache-Craft's variants (step thread only, but the cache itself)
   struct PendingVariant {
     ChunkProfile profile;
     KVKey key;
