@@ -3,7 +3,8 @@
 // prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
 // token's logits (TTFT) is measured on the reference CPU backend and the real store: every static split on the fetch
 // grid once, to find the best; then Cake (LoaderMode::adaptive: compute from the front, load from the back),
-// compute-only, load-only and that best split, --repeats times each, interleaved. The medians are what is compared
+// compute-only (in 512-token chunks: no race keeps them small), load-only and that best split, --repeats times each,
+// interleaved. The medians are what is compared
 // (the sweep's minimum over many noisy runs is biased low; it is reported beside them). Every run's first-token
 // logits are checked against full prefill (equal up to float rounding).
 //
@@ -257,6 +258,9 @@ int main(int argc, char** argv) try {
       const kvfuse::LoaderConfig cake_config{sizes.compute_chunk, fetch_chunk};
       kvfuse::LoaderConfig compute_config = cake_config, load_config = cake_config;
       compute_config.mode = kvfuse::LoaderMode::compute_only;
+      // Compute-only at its own best: no race keeps its chunks small, so the rule's largest (Cake's 512), whose fixed
+      // cost per call is the smallest share; load-only reads the fetch grid the store holds.
+      compute_config.compute_chunk = std::max(sizes.compute_chunk, kvfuse::ChunkRule{}.max_chunk);
       load_config.mode = kvfuse::LoaderMode::load_only;
       std::vector<double> cake_s, compute_s, load_s, split_s, meets;
       for (std::int64_t r = 0; r < o.repeats; ++r) {

@@ -326,6 +326,22 @@ std::string markdown_table(const nlohmann::json& results, const std::vector<std:
                      r["kl_first_token"].get<double>(), forced, r["exact_match_vs_full"].get<double>(),
                      r["rouge_l_vs_full"].get<double>(), r["f1_vs_gold"].get<double>());
   }
+  // The methods whose teacher-forced KL is above naive reuse's are named, with why (docs/fidelity.md).
+  const nlohmann::json& all = results["methods"];
+  if (!all.contains("naive") || !all["naive"].contains("kl_answer_mean")) return s;
+  const double naive = all["naive"]["kl_answer_mean"].get<double>();
+  std::vector<std::string> worse;
+  for (const std::string& m : methods)
+    if (m != "naive" && all[m].contains("kl_answer_mean") && all[m]["kl_answer_mean"].get<double>() > naive)
+      worse.push_back(fmt::format("{} {:.4f}", m, all[m]["kl_answer_mean"].get<double>()));
+  if (!worse.empty())
+    s += fmt::format(
+        "\nAbove naive reuse's teacher-forced KL ({:.4f}) on these questions: {}. Recomputing a subset of the rows "
+        "can be worse than recomputing none on a given prompt: fresh rows next to stale ones, and on these models the "
+        "per-passage attention sinks, once recomputed, stop absorbing attention that then reaches stale rows "
+        "(docs/fidelity.md, \"Why a partial recompute can be worse than none\"). `--calibrated` and the server's "
+        "`auto` refuse a setting that is worse than naive reuse on their calibration questions.\n",
+        naive, fmt::join(worse, ", "));
   return s;
 }
 

@@ -463,6 +463,32 @@ def server_arm_rows(run_dir, names):
     return expected
 
 
+def server_summary_rows(path, names):
+    """bench_server.sh's summary.json (each figure the median over its runs) as the server.md tables show them."""
+    summary = load_json(path)
+    expected = {}
+    for row, name in names.items():
+        a = summary[name]
+        expected[row] = [f"{a['ttft_p50_ms']:.0f}", f"{a['ttft_p99_ms']:.0f}", f"{a['output_tok_s']:.2f}",
+                         f"{a['exact_match']:.3f}" if "exact_match" in a else "",
+                         f"{a['rouge_l']:.3f}" if "rouge_l" in a else ""]
+    return expected
+
+
+def server_run_ratios(run_dir):
+    """One run of bench_server.sh: the reuse arm's TTFT p50 and throughput over llama-server --cache-reuse's, both
+    arms' exact match, the requests after the first 8 answering as full prefill does, and the prompt tokens
+    llama-server evaluated (its log's 'prompt eval time = ... / N tokens' lines) of all its prompt tokens."""
+    arm = {n: load_json(run_dir / f"{n}.json") for n in ("kvfuse", "kvfuse-full", "llama-reuse")}
+    warm = sum(a == b for a, b in zip(arm["kvfuse"]["answers"][8:], arm["kvfuse-full"]["answers"][8:]))
+    evaluated = sum(int(n) for n in re.findall(r"prompt eval time =.*?/\s*(\d+) tokens",
+                                               (run_dir / "llama-reuse.log").read_text()))
+    k, l = arm["kvfuse"], arm["llama-reuse"]
+    return [f"{k['ttft_ms']['p50'] / l['ttft_ms']['p50']:.3f}", f"{k['output_tok_s'] / l['output_tok_s']:.2f}",
+            f"{k['agreement']['exact_match']:.3f}", f"{l['agreement']['exact_match']:.3f}",
+            f"{warm} of {len(k['answers']) - 8}", f"{evaluated} of {sum(l['prompt_tokens'])}"]
+
+
 def server_cold_rows(run_dir, method):
     """The first 8 requests of a bench_server.sh run (sent together to an empty server) and the 24 after them: TTFT
     median and max, and the sums of their chunk tokens, loaded and recomputed rows (each request's usage.kvfuse), for
@@ -514,6 +540,14 @@ def check_server_cachecraft(root):
     page.compare("| Cache-Craft, behind the system turn |", "server.md, Cache-Craft's alpha",
                  {"α = 1": server_cell_row(d), "α = 2": server_cell_row(d / "alpha-2"),
                   "α = 4": server_cell_row(d / "alpha-4")})
+    page.compare("| arm, 3 × 64 requests, 9f35c8b, medians |", "server.md, Cache-Craft, 3 x 64 requests",
+                 server_summary_rows(d / "requests-64x3/summary.json", names))
+    page.compare("| run, 9f35c8b |", "server.md, Cache-Craft, 3 x 64 requests per run",
+                 {str(n): server_run_ratios(d / f"requests-64x3/run-{n}") for n in (1, 2, 3)})
+    s3 = load_json(d / "requests-64x3/summary.json")
+    said64 += (f"TTFT p50 {s3['ttft_p50_kvfuse_over_llama']:.3f} × llama-server with",
+               f"throughput {s3['throughput_kvfuse_over_llama']:.2f} ×",
+               f"{s3['kvfuse']['exact_match']:.3f} exact match against llama-server's {s3['llama-reuse']['exact_match']:.3f}")
     s = load_json(d / "summary.json")
     said = (f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} × llama-server with `--cache-reuse`",
             f"throughput {s['throughput_kvfuse_over_llama']:.2f} ×")
