@@ -349,6 +349,9 @@ def check_cake_repeats(root):
                                   f"{r['meet_token']:.0f}"]
     cake_defaults_table(root, root / "docs/results/cake-repeats-2026-11-29", "| link MB/s (medians of 5) |",
                         "Cake at its defaults with medians", row)
+    cake_defaults_table(root, root / "docs/results/cake-repeats-2026-11-29b",
+                        "| link MB/s (medians of 5; compute-only in 512-token chunks) |",
+                        "Cake on slow links against compute-only at its best", row)
 
 
 def cake_row(r):

@@ -113,7 +113,9 @@ if [[ -f $data ]]; then
   echo " measured on this machine; matches_full_prefill: every run's first-token logits equal full"
   echo " prefill's to rounding; timeline: $build/cake-run/cake_timeline.png; docs/cake-real.md: link speeds."
   echo " second line: one composed request, Cake for the stored prefix + CacheBlend for the reused passages,"
-  echo " their chunk caches read layer by layer while the model computes (chunk_load_wait_ms: what stayed visible);"
+  echo " their chunk caches read layer by layer while the model computes (chunk_load_wait_ms: what stayed visible;"
+  echo " they come through the same link: where reading them, chunk_load_read_ms, takes longer than full prefill's"
+  echo " compute, the link is slower than the model and the request slower than full prefill, ttft_ratio_vs_full > 1);"
   echo " third line: three requests batched in CpuBatchEngine under Cake's token budget, decode first; tokens_equal_alone)"
 fi
 echo

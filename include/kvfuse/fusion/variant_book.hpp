@@ -128,8 +128,11 @@ class VariantBook {
                                                             const std::vector<LayerAttention>& layers,
                                                             const std::vector<TokenSet>& selected,
                                                             std::uint64_t model) {
+    detail::require(!layers.empty() && layers.size() == selected.size(),
+                    "VariantBook::new_variants: {} layers of attention statistics for {} layers of rows (a request "
+                    "that collects variants asks its forward pass for groups = &plan.layout on every layer)",
+                    layers.size(), selected.size());
     std::vector<NewVariant> out;
-    if (layers.empty()) return out;
     ChunkProfiles found = profiles_of(tokens, plan.layout, layers, selected);
     for (std::size_t j = 0; j < plan.chunks.size(); ++j) {
       if (!found.variant[j] || !layout.chunks[j].cached) continue;
