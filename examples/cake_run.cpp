@@ -12,7 +12,8 @@
 // the compute side's fixed cost per forward pass and cost per token, timed once at start on passes of 16, 64 and
 // 256 rows, the link's latency and cost per token from its nominal speed; every run's chunks and fetches then update
 // them. For each prompt choose_chunk_sizes picks the compute and fetch chunks for its stored prefix (one chunk at
-// most 2 % of the ideal TTFT, its fixed cost at most 10 % of its time); --compute-chunk / --fetch-chunk override.
+// most 2 % of the ideal TTFT, its fixed cost at most 10 % of its time, the compute chunk's at most half the link's
+// share of the throughput); --compute-chunk / --fetch-chunk override.
 //
 //   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
 //                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]

@@ -58,13 +58,16 @@ Runs run_all(const Engine& e, double mbps, std::int64_t prefix, ChunkSizes sizes
   const auto keys = prefix_chunk_keys(fresh.model_fingerprint(), tokens, sizes.fetch_chunk);
   for (std::int64_t b = 0; b < prefix; b += sizes.fetch_chunk)
     store.put(keys[static_cast<std::size_t>(b / sizes.fetch_chunk)], KVBlock{sizes.fetch_chunk, {}});
-  const auto run = [&](LoaderMode mode) {
+  const auto run = [&](LoaderMode mode, std::int64_t compute_chunk) {
     SimulatedCompute compute = fresh;
-    const LoaderTrace t = SimLoader({sizes.compute_chunk, sizes.fetch_chunk, mode}, est).run(compute, store, tokens);
+    const LoaderTrace t = SimLoader({compute_chunk, sizes.fetch_chunk, mode}, est).run(compute, store, tokens);
     REQUIRE(compute.resident_prefix() == prefix + kQuestion);
     return t.ready_s;
   };
-  return {run(LoaderMode::adaptive), run(LoaderMode::compute_only), run(LoaderMode::load_only),
+  // Compute-only at its best: the largest chunk (nothing races it), as kvfuse-cake-run runs it.
+  return {run(LoaderMode::adaptive, sizes.compute_chunk),
+          run(LoaderMode::compute_only, std::max(sizes.compute_chunk, ChunkRule{}.max_chunk)),
+          run(LoaderMode::load_only, sizes.compute_chunk),
           best_static_split(fresh, store, tokens, prefix, {sizes.compute_chunk, sizes.fetch_chunk}).ready_s};
 }
 
@@ -97,6 +100,15 @@ TEST_CASE("choose_chunk_sizes: the fixed cost stays at most max_fixed_share of a
   CHECK(c.fetch_chunk == 16);  // the link's latency is small: its share rules
   // A link with 100 ms latency: 100 · 0.9 / (0.1 · 2) = 450 -> 464 tokens.
   CHECK(choose_chunk_sizes({0.001, 0.002, 0.1, 0.002}, 2048).fetch_chunk == 464);
+}
+
+TEST_CASE("choose_chunk_sizes: on a link that brings a small share of the throughput, the compute side's fixed "
+          "cost is at most half that share") {
+  // a = 5 ms, b = 0.5 ms; a 2 MB/s link at 46 080 bytes a token: β = 23.04 ms, share b / (b + β) = 2.1 %: the
+  // fixed cost at most 1.06 % of a chunk, 5 · 0.989 / (0.0106 · 0.5) = 932 tokens -> the largest, 512.
+  CHECK(choose_chunk_sizes({0.005, 0.0005, 0.001, 0.02304}, 1024).compute_chunk == 512);
+  // A 120 MB/s link (β = 0.384 ms, share 57 %): max_fixed_share rules, 5 · 0.9 / (0.1 · 0.5) = 90 -> 96 tokens.
+  CHECK(choose_chunk_sizes({0.005, 0.0005, 0.001, 0.000384}, 1024).compute_chunk == 96);
 }
 
 TEST_CASE("choose_chunk_sizes: multiples of the grid within [granularity, max_chunk]; bad input refused") {
@@ -201,11 +213,9 @@ TEST_CASE("the last compute chunk stops where the loaded KV begins") {
   CHECK(compute.resident_prefix() == 1024);
 }
 
-// The single resources and the splits run in Cake's chunks here. Compute-only in 512-token chunks (its best, as
-// kvfuse-cake-run now runs it) beats Cake by up to 6.3 % on the slowest links of this grid (2026-11-29): the rule's
-// fixed-cost floor (10 % of a chunk) costs more than a 2-4 MB/s link brings (docs/cake-real.md).
-TEST_CASE("at the chosen sizes Cake is within 5 % of the best static split and 2 % of the better single resource, "
-          "each run in Cake's chunks, over links of 2-120 MB/s, prefixes of 1K-4K tokens and four engines") {
+// Compute-only runs at its best, in 512-token chunks (nothing races it); load-only and the splits in Cake's chunks.
+TEST_CASE("at the chosen sizes Cake is within 5 % of the best static split and 2 % of the better single resource "
+          "(compute-only in 512-token chunks), over links of 2-120 MB/s, prefixes of 1K-4K tokens and four engines") {
   const Engine engines[] = {{0.030, 0.002, 0.5},    // this 2-core CPU on SmolLM2: ~1 s per 512-token chunk
                             {0.005, 0.0005, 0.5},   // a faster CPU
                             {0.060, 0.008, 1.0},    // a slower one, more per-call cost

@@ -14,7 +14,9 @@
 // fixed costs — is T* = P / (1/b + 1/β). Each chunk is the largest (on a grid of `granularity` tokens, at most
 // `max_chunk`) whose time is at most `chunk_share` of T* (so at most that share of any TTFT Cake can reach),
 // unless that would make its fixed cost more than `max_fixed_share` of its time: then the smallest chunk whose
-// fixed cost is that share.
+// fixed cost is that share. For the compute chunk that share is at most half the link's share of the ideal
+// throughput, b / (b + β): on a link that brings a few per cent, Cake can beat compute-only (in the largest chunks)
+// by no more than that, so its own calls must cost less (a 2 MB/s link and SmolLM2 on 2 cores: 512-token chunks).
 //
 // SpeedMeter: exponentially weighted least squares of seconds = fixed + per_token · tokens over observed steps,
 // kept per engine (compute) and per store (fetch) across requests; CakeSpeedMeter holds both and reads a
@@ -122,7 +124,12 @@ namespace detail {
   rule.validate();
   detail::require(prefix_tokens >= 0, "choose_chunk_sizes: prefix_tokens = {} must be >= 0", prefix_tokens);
   const double budget_s = rule.chunk_share * speeds.ideal_ttft_s(prefix_tokens);
-  return {detail::rule_chunk(speeds.compute_call_s, speeds.compute_token_s, budget_s, rule),
+  // On a link that brings little, Cake gains at most the link's share of the ideal throughput, b / (b + β), over
+  // compute-only (which runs in the largest chunks): the compute side's fixed cost is held to half that share.
+  ChunkRule compute_rule = rule;
+  if (const double b = speeds.compute_token_s, beta = speeds.fetch_token_s; beta > 0)
+    compute_rule.max_fixed_share = std::min(rule.max_fixed_share, 0.5 * b / (b + beta));
+  return {detail::rule_chunk(speeds.compute_call_s, speeds.compute_token_s, budget_s, compute_rule),
           detail::rule_chunk(speeds.fetch_call_s, speeds.fetch_token_s, budget_s, rule)};
 }
 
