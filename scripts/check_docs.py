@@ -352,6 +352,9 @@ def check_cake_repeats(root):
     cake_defaults_table(root, root / "docs/results/cake-repeats-2026-11-29b",
                         "| link MB/s (medians of 5; compute-only in 512-token chunks) |",
                         "Cake on slow links against compute-only at its best", row)
+    cake_defaults_table(root, root / "docs/results/cake-repeats-2026-11-29c",
+                        "| link MB/s (medians of 5; the compute chunk's fixed cost at most half the link's share) |",
+                        "Cake on slow links with the compute chunk's share rule", row)
 
 
 def cake_row(r):
