@@ -124,9 +124,7 @@ namespace detail {
   rule.validate();
   detail::require(prefix_tokens >= 0, "choose_chunk_sizes: prefix_tokens = {} must be >= 0", prefix_tokens);
   const double budget_s = rule.chunk_share * speeds.ideal_ttft_s(prefix_tokens);
-  // On a link that brings little, Cake gains at most the link's share of the ideal throughput, b / (b + β), over
-  // compute-only (which runs in the largest chunks): the compute side's fixed cost is held to half that share.
-  ChunkRule compute_rule = rule;
+  ChunkRule compute_rule = rule;  // its fixed cost at most half the link's share b / (b + β) (see the top)
   if (const double b = speeds.compute_token_s, beta = speeds.fetch_token_s; beta > 0)
     compute_rule.max_fixed_share = std::min(rule.max_fixed_share, 0.5 * b / (b + beta));
   return {detail::rule_chunk(speeds.compute_call_s, speeds.compute_token_s, budget_s, compute_rule),

@@ -646,8 +646,7 @@ class CpuBatchEngine {
                                                    model_->fingerprint())) {
       if (!saving_.insert(v.key.content).second) continue;
       connector_.save(v.key, r.fusion.save_rows(v.rows));
-      const KVKey key = v.key;
-      pending_variants_.emplace(key.content, PendingVariant{std::move(v.profile), key, v.rows.begin});
+      pending_variants_.emplace(v.key.content, std::move(v));
     }
     r.profiling = false;
     r.attention.clear();
@@ -662,7 +661,7 @@ class CpuBatchEngine {
       const auto v = pending_variants_.find(s.key.content);
       if (v == pending_variants_.end()) continue;
       if (s.status == Status::success)
-        variants_.admit(v->second.profile, v->second.key, v->second.first_position, *store_);
+        variants_.admit(v->second.profile, v->second.key, v->second.rows.begin, *store_);
       pending_variants_.erase(v);
     }
   }
@@ -714,12 +713,7 @@ class CpuBatchEngine {
   FusionConnector<Store> connector_;
   Store* store_;                    // where evicted variants' KV is erased
   VariantBook variants_;            // Cache-Craft's variants (step thread only, but the cache itself)
-  struct PendingVariant {
-    ChunkProfile profile;
-    KVKey key;
-    std::int64_t first_position = 0;
-  };
-  std::map<std::uint64_t, PendingVariant> pending_variants_;  // variants whose KV is being saved, by key content
+  std::map<std::uint64_t, NewVariant> pending_variants_;  // variants whose KV is being saved, by key content
   Cake cake_;                       // the Cake requests' races and their I/O thread
   std::optional<CakeSpeedMeter> speeds_;  // from config_.cake_speeds, updated as the engine runs
   mutable std::mutex inbox_mutex_;  // guards inbox_, cancelled_, next_id_
