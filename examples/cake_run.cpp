@@ -1,12 +1,17 @@
 // kvfuse-cake-run: Cake on real compute and real I/O. Each request is the first --prefix-tokens tokens (on the
-// fetch-chunk grid) of a MuSiQue RAG prompt followed by its question. That prefix is made offline by a full
-// prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
-// token's logits (TTFT) is measured on the reference CPU backend and the real store: every static split on the fetch
-// grid once, to find the best; then Cake (LoaderMode::adaptive: compute from the front, load from the back),
+// fetch-chunk grid) of a MuSiQue RAG prompt followed by its question: the question's passages, then, while they are
+// shorter than the prefix, the passages of the questions after it in the file (ten passages are about 1000 SmolLM2
+// tokens, so --prefix-tokens 2048 and 4096 take two and four questions' passages). That prefix is made offline by a
+// full prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
+// token's logits (TTFT) is measured on the reference CPU backend and the real store: static splits on the fetch grid
+// once each, coarse to fine (split_sweep.hpp: about 15 of 1K's 65 splits, none whose load alone is slower than the
+// best so far), to find the best; then Cake (LoaderMode::adaptive: compute from the front, load from the back),
 // compute-only (in 512-token chunks: no race keeps them small), load-only and that best split, --repeats times each,
-// interleaved. The medians are what is compared
-// (the sweep's minimum over many noisy runs is biased low; it is reported beside them). Every run's first-token
-// logits are checked against full prefill (equal up to float rounding).
+// interleaved. A load-only run whose bytes take longer at the link's nominal speed than every compute-only run of the
+// prompt so far is not run: it cannot be the better single resource, and that nominal time stands in for it (so the
+// ratio to the better single resource is, if anything, overstated). The medians are what is compared (the sweep's
+// minimum over many noisy runs is biased low; it is reported beside them). Every run's first-token logits are
+// checked against full prefill (equal up to float rounding).
 //
 // Chunk sizes and the adaptive mode's estimate come from speeds kept for this engine and link (CakeSpeedMeter):
 // the compute side's fixed cost per forward pass and cost per token, timed once at start on passes of 16, 64 and
@@ -18,11 +23,12 @@
 //   kvfuse-cake-run --data musique_dev.json [--model GGUF] [--prefix-tokens 2048] [--store memory|disk]
 //                   [--cache-dir DIR] [--link-mbps 20] [--link-latency-ms 1] [--limit 1] [--start 0]
 //                   [--compute-chunk N] [--fetch-chunk N] [--threads 0] [--out DIR] [--method cacheblend]
-//                   [--serve N] [--decode-tokens 8] [--repeats 3]
+//                   [--serve N] [--decode-tokens 8] [--repeats 3] [--composed 1]
 //
 // Prints one JSON object: means over the prompts of each run's median TTFT (and of the sweep's minimum), the meeting
 // point, the best split, the link's nominal and measured speed, the prompt and stored-prefix lengths, each prompt's
-// chunk sizes and predicted TTFT, and the speeds measured by the end. Then one composed request (run_composed) on the
+// chunk sizes and predicted TTFT, each prompt's own figures ("prompts"), and the speeds measured by the end. Then
+// (unless --composed 0) one composed request (run_composed) on the
 // first question's prompt with its first four passages: system prompt + passage 1 stored as the exact prefix and
 // prepared by Cake, passages 2-4 reused from their chunk caches by --method, then the
 // question; a second JSON object gives its TTFT next to full prefill's, the first token's KL and agreement, and
@@ -44,12 +50,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -63,6 +67,7 @@
 #include "kvfuse/runtime.hpp"
 
 #include "musique.hpp"
+#include "split_sweep.hpp"
 
 namespace {
 
@@ -75,7 +80,7 @@ struct Options {
   std::string data, model, store = "memory", cache_dir, out, method = "cacheblend";
   std::int64_t prefix_tokens = 2048, limit = 1, start = 0, threads = 0;
   std::int64_t compute_chunk = 0, fetch_chunk = 0;  // 0: chosen from the measured speeds
-  std::int64_t serve = 0, decode_tokens = 8, repeats = 3;
+  std::int64_t serve = 0, decode_tokens = 8, repeats = 3, composed = 1;
   kvfuse::LinkConfig link{20.0, 1.0};
 };
 
@@ -100,6 +105,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--serve") o.serve = parse_int(flag, v);
     else if (flag == "--decode-tokens") o.decode_tokens = parse_int(flag, v);
     else if (flag == "--repeats") o.repeats = parse_int(flag, v);
+    else if (flag == "--composed") o.composed = parse_int(flag, v);
     else if (flag == "--link-mbps") o.link.megabytes_per_s = parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link.latency_ms = parse_real(flag, v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'", flag));
@@ -108,6 +114,7 @@ Options parse(int argc, char** argv) {
   kvfuse::require(o.store == "memory" || o.store == "disk", "--store: '{}' is neither memory nor disk", o.store);
   kvfuse::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
   kvfuse::require(o.repeats >= 1, "--repeats: {} must be >= 1", o.repeats);
+  kvfuse::require(o.composed == 0 || o.composed == 1, "--composed: {} is neither 0 nor 1", o.composed);
   kvfuse::require(o.compute_chunk >= 0, "--compute-chunk: {} must be >= 0 (0: chosen from measured speeds)",
                   o.compute_chunk);
   kvfuse::require(o.fetch_chunk >= 0, "--fetch-chunk: {} must be >= 0 (0: chosen from measured speeds)", o.fetch_chunk);
@@ -180,11 +187,32 @@ void write_timeline(const fs::path& out, const kvfuse::LoaderTrace& t, const Opt
   kvfuse::require(std::system(cmd.c_str()) == 0, "plot: '{}' failed (is gnuplot installed?)", cmd);
 }
 
+// Question qi's RAG prompt for a stored prefix of `prefix_tokens`: its passages, then those of the questions after
+// it in the file (wrapping) while the passages end before the prefix does.
+kvfuse::RagPrompt prompt_for(const kvfuse::Tokenizer& tok, const std::vector<Question>& all, std::size_t qi,
+                             std::int64_t prefix_tokens) {
+  std::vector<std::string> passages = all.at(qi).passages;
+  kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, all[qi].question);
+  for (std::size_t k = 1; prompt.layout().query.begin < prefix_tokens; ++k) {
+    kvfuse::require(k < all.size(), "--prefix-tokens {}: every passage of the file's {} questions makes {} tokens",
+                    prefix_tokens, all.size(), prompt.layout().query.begin);
+    const std::vector<std::string>& more = all[(qi + k) % all.size()].passages;
+    passages.insert(passages.end(), more.begin(), more.end());
+    prompt = kvfuse::build_rag_prompt(tok, kSystem, passages, all[qi].question);
+  }
+  return prompt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  const std::vector<Question> questions = load_questions(o.data, o.start, o.limit, 10);
+  // Every question: the passages a long prefix borrows come from the ones after --start + --limit.
+  const std::vector<Question> all = load_questions(o.data, 0, question_count(o.data), 10);
+  kvfuse::require(o.start + o.limit <= static_cast<std::int64_t>(all.size()),
+                  "--data: '{}' has {} questions; --start {} --limit {} asks for more", o.data, all.size(), o.start,
+                  o.limit);
+  const std::vector<Question> questions(all.begin() + o.start, all.begin() + o.start + o.limit);
   const kvfuse::GGUFFile file = kvfuse::GGUFFile::open(o.model);
   const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
   kvfuse::CpuLlamaOptions model_options;
@@ -218,10 +246,11 @@ int main(int argc, char** argv) try {
     double predicted = 0;
     nlohmann::json chunks = nlohmann::json::array();
     bool exact = true;
+    nlohmann::json per_prompt = nlohmann::json::array();
+    bool io_bounded = false;
     for (std::size_t qi = 0; qi < questions.size(); ++qi) {
-      const Question& q = questions[qi];
       // The request: the first --prefix-tokens tokens of the RAG prompt (system + passages), then its question.
-      const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, q.passages, q.question);
+      const kvfuse::RagPrompt prompt = prompt_for(tok, all, static_cast<std::size_t>(o.start) + qi, o.prefix_tokens);
       const std::int64_t query_begin = prompt.layout().query.begin;
       // The chunks and the adaptive mode's estimate from the speeds measured so far (before this request).
       const kvfuse::CakeSpeeds speeds = meter.speeds();
@@ -244,15 +273,18 @@ int main(int argc, char** argv) try {
         meter.observe(t);
         return t;
       };
-      // Every static split on the fetch grid once: the best one.
+      // The best static split on the fetch grid, coarse to fine; the link's nominal time per token bounds a split's load.
       kvfuse::LoaderConfig split{sizes.compute_chunk, fetch_chunk};
       split.mode = kvfuse::LoaderMode::static_split;
-      double sweep_s = std::numeric_limits<double>::infinity();
-      std::int64_t best_at = 0;
-      for (split.split = 0; split.split <= stored; split.split += fetch_chunk) {
-        const double r = run(split).ready_s;
-        if (r < sweep_s) std::tie(sweep_s, best_at) = std::pair{r, split.split};
-      }
+      const double token_bytes =
+          static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
+      const double load_token_s = o.link.megabytes_per_s > 0 ? token_bytes / (o.link.megabytes_per_s * 1e6) : 0.0;
+      const SplitSweep sweep = sweep_static_splits(stored, fetch_chunk, load_token_s, [&](std::int64_t at) {
+        split.split = at;
+        return run(split).ready_s;
+      });
+      const double sweep_s = sweep.best_s;
+      const std::int64_t best_at = sweep.best_split;
       split.split = best_at;
       // Then Cake, compute-only, load-only and that split, --repeats times each, interleaved; the medians are compared
       // (the sweep's minimum over many noisy runs is biased low: it is reported beside them).
@@ -263,16 +295,40 @@ int main(int argc, char** argv) try {
       // cost per call is the smallest share; load-only reads the fetch grid the store holds.
       compute_config.compute_chunk = std::max(sizes.compute_chunk, kvfuse::ChunkRule{}.max_chunk);
       load_config.mode = kvfuse::LoaderMode::load_only;
+      // Load-only's bytes at the link's nominal speed: a bound on its time (ThrottledKVStore holds them to it).
+      const double load_bound_s = static_cast<double>(stored) * load_token_s;
       std::vector<double> cake_s, compute_s, load_s, split_s, meets;
+      std::int64_t load_runs = 0;
       for (std::int64_t r = 0; r < o.repeats; ++r) {
         const kvfuse::LoaderTrace t = run(cake_config);
         if (qi == 0 && r == 0 && !o.out.empty()) write_timeline(o.out, t, o);
         cake_s.push_back(t.ready_s);
         meets.push_back(static_cast<double>(t.meet_token));
         compute_s.push_back(run(compute_config).ready_s);
-        load_s.push_back(run(load_config).ready_s);
+        if (load_bound_s >= *std::max_element(compute_s.begin(), compute_s.end())) {
+          load_s.push_back(load_bound_s);  // slower than every compute-only run: not the better single resource
+        } else {
+          load_s.push_back(run(load_config).ready_s);
+          ++load_runs;
+        }
         split_s.push_back(run(split).ready_s);
       }
+      io_bounded = io_bounded || load_runs < o.repeats;
+      per_prompt.push_back({{"question", o.start + static_cast<std::int64_t>(qi)},
+                            {"stored_tokens", stored},
+                            {"tokens", tokens.size()},
+                            {"compute_chunk", sizes.compute_chunk},
+                            {"fetch_chunk", fetch_chunk},
+                            {"cake_ms", kvfuse::eval::median(cake_s) * 1e3},
+                            {"compute_only_ms", kvfuse::eval::median(compute_s) * 1e3},
+                            {"io_only_ms", kvfuse::eval::median(load_s) * 1e3},
+                            {"io_only_runs", load_runs},
+                            {"best_split_ms", kvfuse::eval::median(split_s) * 1e3},
+                            {"best_split_token", best_at},
+                            {"sweep_min_ms", sweep_s * 1e3},
+                            {"sweep_runs", sweep.runs},
+                            {"sweep_skipped", sweep.skipped},
+                            {"meet_token", kvfuse::eval::median(meets)}});
       cake += kvfuse::eval::median(cake_s);
       meet += kvfuse::eval::median(meets);
       compute_only += kvfuse::eval::median(compute_s);
@@ -294,6 +350,8 @@ int main(int argc, char** argv) try {
     j["cake_vs_best_single"] = cake / std::min(compute_only, io_only);
     j["predicted_cake_ms"] = predicted * ms;
     j["chunks"] = chunks;
+    j["prompts"] = per_prompt;
+    j["io_only_is_lower_bound"] = io_bounded;  // some load-only run stood in by its nominal time
     const kvfuse::CakeSpeeds measured = meter.speeds();
     j["speeds_ms"] = {{"compute_call", measured.compute_call_s * 1e3}, {"compute_token", measured.compute_token_s * 1e3},
                       {"fetch_call", measured.fetch_call_s * 1e3}, {"fetch_token", measured.fetch_token_s * 1e3}};
@@ -353,7 +411,7 @@ int main(int argc, char** argv) try {
                      {"preload_depth", r.fusion.load.depth}};
     fmt::print("{}\n", j.dump());
   };
-  composed(*store);
+  if (o.composed == 1) composed(*store);
   // Several requests in one engine (CpuBatchEngine): Cake's token budget decides whose rows run each step, decode
   // first; a request with a stored prefix is a Cake request, its prefix loaded from the back meanwhile.
   bool served_exact = true;
@@ -361,12 +419,13 @@ int main(int argc, char** argv) try {
     kvfuse::ThrottledKVStore link(inner, o.link);
     std::vector<std::vector<kvfuse::token_id>> prompts;
     std::vector<std::vector<kvfuse::token_id>> alone;  // each request served alone: full prefill + greedy
-    const std::vector<Question> serve_questions = load_questions(o.data, o.start, o.serve, 10);
+    kvfuse::require(o.start + o.serve <= static_cast<std::int64_t>(all.size()),
+                    "--serve: '{}' has {} questions; --start {} --serve {} asks for more", o.data, all.size(), o.start,
+                    o.serve);
     // The prefix entries' grid, chosen for --prefix-tokens; each Cake request's compute chunk the engine picks.
     const std::int64_t fetch_chunk = chunks_for(o, meter.speeds(), o.prefix_tokens).fetch_chunk;
     for (std::int64_t i = 0; i < o.serve; ++i) {
-      const Question& q = serve_questions[static_cast<std::size_t>(i)];
-      const kvfuse::RagPrompt prompt = kvfuse::build_rag_prompt(tok, kSystem, q.passages, q.question);
+      const kvfuse::RagPrompt prompt = prompt_for(tok, all, static_cast<std::size_t>(o.start + i), o.prefix_tokens);
       const std::int64_t query_begin = prompt.layout().query.begin;
       const std::int64_t stored = std::min(o.prefix_tokens, query_begin) / fetch_chunk * fetch_chunk;
       std::vector<kvfuse::token_id> tokens(prompt.tokens.begin(), prompt.tokens.begin() + stored);

@@ -23,8 +23,9 @@
    outside git), and every link into results/ must exist.
 
 Standard library only. Exit status 0 when everything matches, 1 otherwise.
-Usage: python3 scripts/check_docs.py [--root DIR] [--verbose]
-  DIR: the repository (default: this script's parent); --verbose lists the sections taken as measured.
+Usage: python3 scripts/check_docs.py [--root DIR] [--verbose] [--cake-grid GRID]
+  DIR: the repository (default: this script's parent); --verbose lists the sections taken as measured;
+  --cake-grid prints the table of a scripts/bench_cake_grid.sh output directory and checks nothing.
 """
 
 import argparse
@@ -364,6 +365,46 @@ def cake_row(r):
             f"{t['io_only']:.0f}", f"{t['best_split']:.0f} ({r['best_split_token']:.0f})",
             f"{r['cake_vs_best_split']:.3f}", f"{r['cake_vs_best_single']:.3f}", f"{r['meet_token']:.0f}",
             f"{r['predicted_cake_ms']:.0f}"]
+
+
+CAKE_GRID_HEADER = ("| stored prefix / link MB/s | compute chunks | fetch chunks | Cake ms | compute-only ms | "
+                    "load-only ms | best split ms | Cake / best split | Cake / better single | worst prompt: "
+                    "/ best split, / better single | sweep runs (skipped) |")
+
+
+def cake_grid_rows(d):
+    """{'PREFIX / LINK': cells after the first} of the Cake grid (scripts/bench_cake_grid.sh: one kvfuse-cake-run
+    JSON file per cell, prefix-P-link-L.json). TTFTs are means over the prompts of each prompt's medians; the ratios
+    are those of the means (kvfuse-cake-run's own); load-only with '>=' where a run stood in by its nominal time."""
+    rows = {}
+    for f in d.glob("prefix-*-link-*.json"):
+        r = json.loads(f.read_text(encoding="utf-8").splitlines()[0])
+        ps, t = r["prompts"], r["ttft_ms"]
+        span = lambda k: (f"{min(p[k] for p in ps)}" if min(p[k] for p in ps) == max(p[k] for p in ps)
+                          else f"{min(p[k] for p in ps)}-{max(p[k] for p in ps)}")
+        worst_split = max(p["cake_ms"] / p["best_split_ms"] for p in ps)
+        worst_single = max(p["cake_ms"] / min(p["compute_only_ms"], p["io_only_ms"]) for p in ps)
+        rows[f"{r['stored_tokens']:.0f} / {r['link_mbps']:g}"] = [
+            span("compute_chunk"), span("fetch_chunk"), f"{t['cake']:.0f}", f"{t['compute_only']:.0f}",
+            ("≥ " if r["io_only_is_lower_bound"] else "") + f"{t['io_only']:.0f}", f"{t['best_split']:.0f}",
+            f"{r['cake_vs_best_split']:.3f}", f"{r['cake_vs_best_single']:.3f}",
+            f"{worst_split:.3f}, {worst_single:.3f}",
+            f"{sum(p['sweep_runs'] for p in ps)} ({sum(p['sweep_skipped'] for p in ps)})"]
+    return dict(sorted(rows.items(), key=lambda kv: tuple(float(x) for x in kv[0].split(" / "))))
+
+
+def print_cake_grid(d):
+    """The grid's table, for scripts/bench_cake_grid.sh (and a page to paste it into)."""
+    print(CAKE_GRID_HEADER)
+    print("|" + "---|" + "---:|" * (CAKE_GRID_HEADER.count("|") - 2))
+    for k, cells_ in cake_grid_rows(d).items():
+        print(f"| {k} | " + " | ".join(cells_) + " |")
+
+
+def check_cake_grid(root):
+    """docs/cake-real.md, the grid of link speeds and prefixes at Cake's defaults (results/cake-grid-2026-11-29/)."""
+    Page(root, "docs/cake-real.md").compare(CAKE_GRID_HEADER, "cake-real.md, the grid at Cake's defaults",
+                                            cake_grid_rows(root / "docs/results/cake-grid-2026-11-29"))
 
 
 def cake_defaults_table(root, d, anchor, what, row=cake_row):
@@ -757,8 +798,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
     ap.add_argument("--verbose", action="store_true", help="list the sections found to report measured figures")
+    ap.add_argument("--cake-grid", type=Path, help="print the Cake grid's table from this directory and stop")
     args = ap.parse_args()
     root = args.root.resolve()
+    if args.cake_grid:
+        print_cake_grid(args.cake_grid)
+        return 0
 
     spec = importlib.util.spec_from_file_location("merge_results", root / "scripts/merge_results.py")
     merge = importlib.util.module_from_spec(spec)
@@ -768,6 +813,7 @@ def main():
               lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root), lambda: check_cake_repeats(root),
+              lambda: check_cake_grid(root),
               lambda: check_kernels(root), lambda: check_llamacpp_run_cost(root),
               lambda: check_llamacpp_callback(root), lambda: check_server(root),
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
