@@ -1,7 +1,7 @@
 // kvfuse-cake-run: Cake on real compute and real I/O. Each request is the first --prefix-tokens tokens (on the
 // fetch-chunk grid) of a MuSiQue RAG prompt followed by its question: the question's passages, then, while they are
 // shorter than the prefix, the passages of the questions after it in the file (ten passages are about 1000 SmolLM2
-// tokens, so --prefix-tokens 2048 and 4096 take two and four questions' passages). That prefix is made offline by a
+// tokens, so --prefix-tokens 2048 and 4096 take about three and five questions' passages). That prefix is made offline by a
 // full prefill and put in a store behind a link of --link-mbps and --link-latency-ms; then the time until the first
 // token's logits (TTFT) is measured on the reference CPU backend and the real store: static splits on the fetch grid
 // once each, coarse to fine (split_sweep.hpp: about 15 of 1K's 65 splits, none whose load alone is slower than the
@@ -207,7 +207,8 @@ kvfuse::RagPrompt prompt_for(const kvfuse::Tokenizer& tok, const std::vector<Que
 
 int main(int argc, char** argv) try {
   const Options o = parse(argc, argv);
-  // Every question: the passages a long prefix borrows come from the ones after --start + --limit.
+  // Every question: a prefix longer than a question's passages continues with those of the questions after it in the
+  // file (prompt_for), which may be questions measured too.
   const std::vector<Question> all = load_questions(o.data, 0, question_count(o.data), 10);
   kvfuse::require(o.start + o.limit <= static_cast<std::int64_t>(all.size()),
                   "--data: '{}' has {} questions; --start {} --limit {} asks for more", o.data, all.size(), o.start,

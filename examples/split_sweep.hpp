@@ -2,7 +2,7 @@
 //
 // A static split at s computes the stored prefix's tokens [0, s) from the front while it loads [s, stored) over the
 // link; its TTFT is about the later of the two, the first growing with s and the second shrinking, so over the
-// fetch grid it falls to one minimum and rises again. The sweep measures about eight evenly spaced splits, from the
+// fetch grid it falls to one minimum and rises again. The sweep measures 8 to 16 evenly spaced splits, from the
 // compute end down, then halves the step around the best until it is one fetch chunk: each halving keeps the
 // minimum of a curve of that shape within the best ± the step. A split whose load alone takes longer than the best
 // time measured so far is not run: the link's throttle (ThrottledKVStore) holds its bytes to their nominal time,

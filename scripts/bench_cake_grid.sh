@@ -5,8 +5,8 @@
 # takes the next questions' passages), each prompt's best static split found by the coarse-to-fine sweep and then
 # Cake, compute-only, load-only and that split REPEATS times each. Builds kvfuse-cake-run in build/ci (the ci
 # preset). One JSON file per cell in OUT (a cell already there is kept: the grid resumes), then a markdown table of
-# Cake / best static split and Cake / better single resource per cell, over its prompts (sums of the prompts'
-# medians), against the goals 1.05 and 1.02.
+# Cake / best static split and Cake / better single resource per cell, over its prompts (ratios of the means of the
+# prompts' medians), against the goals 1.05 and 1.02. Paths are relative to the repository's root.
 #   PREFIXES ("1024 2048 4096"), LINKS ("2 4 8 15 30 60 120", MB/s), PROMPTS (5), START (50), REPEATS (3),
 #   OUT (build/cake-grid), KVFUSE_MODEL (default: scripts/fetch_model.sh smollm2), DATA (../shared/data/musique_dev.json)
 set -euo pipefail

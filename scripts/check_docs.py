@@ -378,13 +378,14 @@ def cake_grid_rows(d):
     are those of the means (kvfuse-cake-run's own); load-only with '>=' where a run stood in by its nominal time."""
     rows = {}
     for f in d.glob("prefix-*-link-*.json"):
+        prefix = f.name.split("-")[1]  # --prefix-tokens (each prompt's stored tokens: that, on its fetch grid)
         r = json.loads(f.read_text(encoding="utf-8").splitlines()[0])
         ps, t = r["prompts"], r["ttft_ms"]
         span = lambda k: (f"{min(p[k] for p in ps)}" if min(p[k] for p in ps) == max(p[k] for p in ps)
                           else f"{min(p[k] for p in ps)}-{max(p[k] for p in ps)}")
         worst_split = max(p["cake_ms"] / p["best_split_ms"] for p in ps)
         worst_single = max(p["cake_ms"] / min(p["compute_only_ms"], p["io_only_ms"]) for p in ps)
-        rows[f"{r['stored_tokens']:.0f} / {r['link_mbps']:g}"] = [
+        rows[f"{prefix} / {r['link_mbps']:g}"] = [
             span("compute_chunk"), span("fetch_chunk"), f"{t['cake']:.0f}", f"{t['compute_only']:.0f}",
             ("≥ " if r["io_only_is_lower_bound"] else "") + f"{t['io_only']:.0f}", f"{t['best_split']:.0f}",
             f"{r['cake_vs_best_split']:.3f}", f"{r['cake_vs_best_single']:.3f}",

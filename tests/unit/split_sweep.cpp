@@ -2,13 +2,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cmath>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "../../examples/split_sweep.hpp"
 
+namespace unit_split_sweep {
 namespace {
 
 // A static split's TTFT as the model of it: the later of computing [0, s) and loading [s, stored).
@@ -75,3 +76,5 @@ TEST_CASE("the split sweep runs the one split of a prefix shorter than a fetch c
   CHECK_THROWS_WITH(kvfuse_example::sweep_static_splits(1000, 16, 0.0, [](std::int64_t) { return 1.0; }),
                     doctest::Contains("stored 1000 is not a multiple of the fetch chunk 16"));
 }
+
+}  // namespace unit_split_sweep
