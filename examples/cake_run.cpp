@@ -147,14 +147,19 @@ kvfuse::LoaderTrace run_once(const kvfuse::CpuLlama& model, Store& store, const 
   return t;
 }
 
+// The link's nominal seconds per stored token (0: an unlimited link): a token's KV bytes over its bandwidth.
+double nominal_token_s(const kvfuse::CpuLlama& model, const kvfuse::LinkConfig& link) {
+  const double token_bytes =
+      static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
+  return link.megabytes_per_s > 0 ? token_bytes / (link.megabytes_per_s * 1e6) : 0.0;
+}
+
 // The speeds the chunk rule starts from: the engine's compute line measured (measure_cake_speeds); the link's from its
 // nominal latency and bandwidth.
 kvfuse::CakeSpeedMeter calibrate(const kvfuse::CpuLlama& model, const std::vector<kvfuse::token_id>& tokens,
                                  const kvfuse::LinkConfig& link) {
-  const double token_bytes =
-      static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
-  const double fetch_token_s = link.megabytes_per_s > 0 ? token_bytes / (link.megabytes_per_s * 1e6) : 0.0;
-  return kvfuse::CakeSpeedMeter(kvfuse::measure_cake_speeds(model, tokens, link.latency_ms / 1e3, fetch_token_s));
+  return kvfuse::CakeSpeedMeter(
+      kvfuse::measure_cake_speeds(model, tokens, link.latency_ms / 1e3, nominal_token_s(model, link)));
 }
 
 // The chunks for a stored prefix of `prefix` tokens: chosen from the speeds, unless given on the command line.
@@ -249,6 +254,8 @@ int main(int argc, char** argv) try {
     bool exact = true;
     nlohmann::json per_prompt = nlohmann::json::array();
     bool io_bounded = false;
+    // The link's nominal time per token: ThrottledKVStore holds every load to it, so it bounds a split's load time.
+    const double load_token_s = nominal_token_s(model, o.link);
     for (std::size_t qi = 0; qi < questions.size(); ++qi) {
       // The request: the first --prefix-tokens tokens of the RAG prompt (system + passages), then its question.
       const kvfuse::RagPrompt prompt = prompt_for(tok, all, static_cast<std::size_t>(o.start) + qi, o.prefix_tokens);
@@ -274,12 +281,9 @@ int main(int argc, char** argv) try {
         meter.observe(t);
         return t;
       };
-      // The best static split on the fetch grid, coarse to fine; the link's nominal time per token bounds a split's load.
+      // The best static split on the fetch grid, coarse to fine, none run whose load alone is slower than the best.
       kvfuse::LoaderConfig split{sizes.compute_chunk, fetch_chunk};
       split.mode = kvfuse::LoaderMode::static_split;
-      const double token_bytes =
-          static_cast<double>(kvfuse::LlamaKVCache::block_bytes(model.config().n_layer, model.config().kv_dim(), 1));
-      const double load_token_s = o.link.megabytes_per_s > 0 ? token_bytes / (o.link.megabytes_per_s * 1e6) : 0.0;
       const SplitSweep sweep = sweep_static_splits(stored, fetch_chunk, load_token_s, [&](std::int64_t at) {
         split.split = at;
         return run(split).ready_s;
@@ -296,7 +300,7 @@ int main(int argc, char** argv) try {
       // cost per call is the smallest share; load-only reads the fetch grid the store holds.
       compute_config.compute_chunk = std::max(sizes.compute_chunk, kvfuse::ChunkRule{}.max_chunk);
       load_config.mode = kvfuse::LoaderMode::load_only;
-      // Load-only's bytes at the link's nominal speed: a bound on its time (ThrottledKVStore holds them to it).
+      // Load-only's bytes at the link's nominal speed: a bound on its time.
       const double load_bound_s = static_cast<double>(stored) * load_token_s;
       std::vector<double> cake_s, compute_s, load_s, split_s, meets;
       std::int64_t load_runs = 0;
