@@ -23,9 +23,12 @@
    outside git), and every link into results/ must exist.
 
 Standard library only. Exit status 0 when everything matches, 1 otherwise.
-Usage: python3 scripts/check_docs.py [--root DIR] [--verbose] [--cake-grid GRID]
+Usage: python3 scripts/check_docs.py [--root DIR] [--verbose] [--cake-grid GRID] [--cachecraft-llamacpp DIR]
+                                     [--choose-alpha RESULTS [--budget 0.30]]
   DIR: the repository (default: this script's parent); --verbose lists the sections taken as measured;
-  --cake-grid prints the table of a scripts/bench_cake_grid.sh output directory and checks nothing.
+  --cake-grid prints the table of a scripts/bench_cake_grid.sh output directory and checks nothing;
+  --cachecraft-llamacpp prints the tables of a scripts/bench_llamacpp_cachecraft.sh output directory;
+  --choose-alpha prints the Cache-Craft setting that script's rule takes from a calibration results.json.
 """
 
 import argparse
@@ -499,6 +502,72 @@ def check_llamacpp_run_cost(root):
     page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
 
 
+CACHECRAFT_ALPHA = re.compile(r"^cachecraft@([0-9.]+)-nofocus$")
+
+
+def choose_alpha(results, budget):
+    """scripts/bench_llamacpp_cachecraft.sh's rule: of the Cache-Craft settings measured on the calibration questions,
+    the largest α whose mean TTFT is at most budget × full prefill (None when none is)."""
+    fits = [(float(CACHECRAFT_ALPHA.match(m).group(1)), m) for m, r in results["methods"].items()
+            if CACHECRAFT_ALPHA.match(m) and r["ttft_ratio_vs_full"] <= budget]
+    return max(fits)[1] if fits else None
+
+
+def cachecraft_calibration_rows(results, model, budget):
+    """The calibration table of docs/llamacpp.md §7: per α, TTFT ratio (mean; per question), rows recomputed, the
+    share of naive reuse's gap closed, top-1 agreement, and whether the rule chose it."""
+    chosen = choose_alpha(results, budget)
+    rows = {}
+    for m, r in results["methods"].items():
+        if not CACHECRAFT_ALPHA.match(m):
+            continue
+        per = " / ".join(f"{q['methods'][m]['ttft_ratio_vs_full']:.2f}" for q in results["per_question"])
+        rows[f"{model}, {m}"] = [f"{r['ttft_ratio_vs_full']:.3f} ({per})", f"{100 * r['recompute_fraction']:.1f} %",
+                                 f"{100 * r['gap_closed']:.0f} %", f"{r['top1_answer_agreement']:.3f}",
+                                 "chosen" if m == chosen else ""]
+    return rows
+
+
+CACHECRAFT_LLAMACPP_MODELS = {"smollm2": "SmolLM2", "gemma3": "Gemma 3"}
+
+
+def print_cachecraft_llamacpp(d, budget=0.30):
+    """Prints the tables of a scripts/bench_llamacpp_cachecraft.sh output directory."""
+    print("| model, setting | TTFT × full prefill (mean; per question) | rows recomputed | gap closed | top-1 | rule |")
+    print("|---|---|---|---|---|---|")
+    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
+        f = d / f"{model}-calibration/results.json"
+        if f.exists():
+            for k, row in cachecraft_calibration_rows(load_json(f), name, budget).items():
+                print(f"| {k} | " + " | ".join(row) + " |")
+    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
+        f = d / f"{model}-judged/results.json"
+        if not f.exists():
+            continue
+        print(f"\n{name}, judged:\n")
+        print("| method | questions | TTFT × full prefill (mean / median) | rows recomputed | KL first token | "
+              "KL answer (teacher-forced) | top-1 agreement | gap closed | ROUGE-L vs full | F1 vs gold |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        rows = llamacpp_rows(load_json(f)["per_question"])
+        for m in sorted(rows, key=lambda m: (m != "full", m != "naive", m)):
+            print(f"| {m} | " + " | ".join(rows[m]) + " |")
+
+
+def check_llamacpp_cachecraft(root):
+    """docs/llamacpp.md §7: Cache-Craft's α chosen on calibration questions, judged on others
+    (results/llamacpp-cachecraft-2026-11-29/, scripts/bench_llamacpp_cachecraft.sh)."""
+    page = Page(root, "docs/llamacpp.md")
+    d = root / "docs/results/llamacpp-cachecraft-2026-11-29"
+    expected = {}
+    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
+        expected.update(cachecraft_calibration_rows(load_json(d / f"{model}-calibration/results.json"), name, 0.30))
+    page.compare("| model, setting | TTFT × full prefill (mean; per question) |", "llamacpp.md §7, calibration",
+                 expected)
+    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
+        page.compare(f"**{name}, judged**", f"llamacpp.md §7, {name} judged",
+                     llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
+
+
 def server_arm_rows(run_dir, names):
     """bench_server.sh's arms (the load generator's JSON in run_dir, by table row) as the server.md tables show them:
     TTFT p50, p99, output tok/s, and the reuse arms' exact match and ROUGE-L against their own server's full prefill."""
@@ -800,10 +869,26 @@ def main():
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
     ap.add_argument("--verbose", action="store_true", help="list the sections found to report measured figures")
     ap.add_argument("--cake-grid", type=Path, help="print the Cake grid's table from this directory and stop")
+    ap.add_argument("--cachecraft-llamacpp", type=Path,
+                    help="print the tables of a scripts/bench_llamacpp_cachecraft.sh directory and stop")
+    ap.add_argument("--choose-alpha", type=Path,
+                    help="print the Cache-Craft setting the rule chooses from this calibration results.json and stop")
+    ap.add_argument("--budget", type=float, default=0.30, help="--choose-alpha's TTFT budget (× full prefill)")
     args = ap.parse_args()
     root = args.root.resolve()
     if args.cake_grid:
         print_cake_grid(args.cake_grid)
+        return 0
+    if args.cachecraft_llamacpp:
+        print_cachecraft_llamacpp(args.cachecraft_llamacpp, args.budget)
+        return 0
+    if args.choose_alpha:
+        chosen = choose_alpha(load_json(args.choose_alpha), args.budget)
+        if chosen is None:
+            print(f"check_docs: no Cache-Craft setting in {args.choose_alpha} takes at most {args.budget} x full "
+                  "prefill", file=sys.stderr)
+            return 1
+        print(chosen)
         return 0
 
     spec = importlib.util.spec_from_file_location("merge_results", root / "scripts/merge_results.py")
