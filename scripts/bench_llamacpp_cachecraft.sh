@@ -4,7 +4,7 @@
 # of ALPHAS; the largest α whose mean TTFT there is at most BUDGET × llama.cpp's full prefill is chosen
 # (scripts/check_docs.py --choose-alpha); then the judged questions run full prefill, naive reuse, AttnLink-16 and
 # Cache-Craft at that α. All 10 passages, 2 threads. Resumable: a model whose results.json exists is not run again.
-# About 10 minutes of calibration and 60 of judged runs on a 2-core machine.
+# About 90 minutes on the 2-core VM (SmolLM2: 6 of calibration, 56 judged; Gemma 3: 3 and 24).
 #   OUT (build/bench-llamacpp-cachecraft), MODELS ("smollm2 gemma3"), ALPHAS ("0.5 0.25 0.125"), BUDGET (0.30),
 #   CAL_START (20), CAL_LIMIT (2), START (0), LIMIT (20)
 set -euo pipefail

@@ -766,15 +766,18 @@ def check_server_queryprobe(root):
 
 def check_llamacpp_callback(root):
     """docs/llamacpp.md §6: full prefill and AttnLink-16 without and with llama.cpp's eval callback (prefill_ms per
-    question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/)."""
-    d = root / "docs/results/llamacpp-callback-2026-11-27"
-    off = load_json(d / "smollm2-q20-21-no-callback.json")["per_question"]
-    on = load_json(d / "smollm2-q20-21-with-callback.json")["per_question"]
+    question in kvfuse-rag-eval's results.json, results/llamacpp-callback-2026-11-27/ for SmolLM2 and
+    results/llamacpp-callback-2026-11-29/ for Gemma 3)."""
+    runs = [("", root / "docs/results/llamacpp-callback-2026-11-27", "smollm2"),
+            ("Gemma 3: ", root / "docs/results/llamacpp-callback-2026-11-29", "gemma3")]
     expected = {}
-    for a, b in zip(off, on):
-        ms = lambda q, m: f"{q['methods'][m]['prefill_ms']:.0f}"
-        expected[f"{a['index']} ({a['tokens']})"] = [ms(a, "full"), ms(b, "full"), ms(a, "attnlink@16"),
-                                                      ms(b, "attnlink@16")]
+    for label, d, model in runs:
+        off = load_json(d / f"{model}-q20-21-no-callback.json")["per_question"]
+        on = load_json(d / f"{model}-q20-21-with-callback.json")["per_question"]
+        for a, b in zip(off, on):
+            ms = lambda q, m: f"{q['methods'][m]['prefill_ms']:.0f}"
+            expected[f"{label}{a['index']} ({a['tokens']})"] = [ms(a, "full"), ms(b, "full"), ms(a, "attnlink@16"),
+                                                                 ms(b, "attnlink@16")]
     Page(root, "docs/llamacpp.md").compare("| question (tokens) | full prefill, no callback", "llamacpp.md, callback",
                                            expected)
 
@@ -905,7 +908,7 @@ def main():
               lambda: check_fidelity_chunk_context(root), lambda: check_server_chunk_context(root),
               lambda: check_server_auto_calibration(root), lambda: check_fidelity_queryprobe(root),
               lambda: check_server_queryprobe(root),
-              lambda: check_server_cachecraft(root),
+              lambda: check_server_cachecraft(root), lambda: check_llamacpp_cachecraft(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
