@@ -95,8 +95,9 @@ struct CpuLlamaOptions {
   bool allow_beyond_context = false;
   // full_prefill and prefill_chunk compute their rows in blocks of this many (chunked prefill, as llama.cpp's 512-row
   // batches), so that the activations held at once are a block's, not the prompt's; 0: all rows in one pass. The KV
-  // and logits equal one pass's to float rounding (a block's softmax sums its keys in other SIMD lanes).
-  std::int64_t prefill_block_rows = 0;
+  // and logits equal one pass's to float rounding (a block's softmax sums its keys in other SIMD lanes). 512 by
+  // default: peak memory within 1.5 × llama.cpp's at 6144 tokens (docs/llamacpp.md §2).
+  std::int64_t prefill_block_rows = 512;
 
   void validate() const {
     detail::require(threads >= 0, "CpuLlamaOptions: threads = {} must be >= 0 (0: one per hardware thread)", threads);
