@@ -7,17 +7,27 @@
 # the next. About 9 minutes on 2 threads with SmolLM2 (kvfuse's 6144-token prefill is most of it). Writes one JSON
 # line per run to build/bench-llamacpp/results.jsonl and prints a markdown table.
 #   KVFUSE_BENCH_MODEL (default: scripts/fetch_model.sh smollm2), KVFUSE_BENCH_THREADS (2), KVFUSE_BENCH_REPS (3),
-#   KVFUSE_BENCH_TOKENS ("512 2048 6144"), KVFUSE_BENCH_BLOCK_ROWS (512)
+#   KVFUSE_BENCH_TOKENS ("512 2048 6144"), KVFUSE_BENCH_BLOCK_ROWS (512),
+#   KVFUSE_BENCH_LLAMACPP_ISA: native (default: llama.cpp's default build, -march=native) or avx2 (GGML_NATIVE=OFF:
+#   AVX, AVX2, FMA, F16C and BMI2, no AVX-512, as llama.cpp builds on the AVX2-only machines CI runs on; in
+#   build/bench-avx2, results in build/bench-llamacpp-avx2). kvfuse's own build is the same either way: no -march
+#   flags, its AVX2 + FMA kernels chosen at run time. Each llama.cpp line of results.jsonl carries its system_info.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-cmake --preset bench -DKVFUSE_LLAMACPP=ON -DKVFUSE_LLAMACPP_SOURCE="$(bash scripts/fetch_llamacpp.sh)" >/dev/null
-cmake --build build/bench --target kvfuse-bench-prefill
-bin=build/bench/integrations/llamacpp/kvfuse-bench-prefill
+isa=${KVFUSE_BENCH_LLAMACPP_ISA:-native}
+case "$isa" in
+  native) build=build/bench out=build/bench-llamacpp isa_args=() ;;
+  avx2) build=build/bench-avx2 out=build/bench-llamacpp-avx2 isa_args=(-B build/bench-avx2 -DGGML_NATIVE=OFF) ;;
+  *) echo "bench_llamacpp.sh: KVFUSE_BENCH_LLAMACPP_ISA=$isa: expected native or avx2" >&2; exit 2 ;;
+esac
+cmake --preset bench "${isa_args[@]}" -DKVFUSE_LLAMACPP=ON -DKVFUSE_LLAMACPP_SOURCE="$(bash scripts/fetch_llamacpp.sh)" \
+  >/dev/null
+cmake --build "$build" --target kvfuse-bench-prefill
+bin=$build/integrations/llamacpp/kvfuse-bench-prefill
 model=${KVFUSE_BENCH_MODEL:-$(bash scripts/fetch_model.sh smollm2)}
 threads=${KVFUSE_BENCH_THREADS:-2}
 reps=${KVFUSE_BENCH_REPS:-3}
-out=build/bench-llamacpp
 mkdir -p "$out"
 : >"$out/results.jsonl"
 

@@ -285,9 +285,11 @@ int run(const Args& a) {
   const double med = median(ms);
   fmt::print(
       "{{\"engine\":\"{}\",\"tokens\":{},\"threads\":{},\"block_rows\":{},\"ms\":[{:.3f}],\"median_ms\":{:.3f},"
-      "\"tokens_per_s\":{:.2f},\"peak_rss_mib\":{:.1f}}}\n",
+      "\"tokens_per_s\":{:.2f},\"peak_rss_mib\":{:.1f}{}}}\n",
       a.engine, a.tokens, a.threads, a.engine == "kvfuse" ? a.block_rows : kBatch, fmt::join(ms, ","), med,
-      static_cast<double>(a.tokens) / (med / 1000.0), peak_rss_mib());
+      static_cast<double>(a.tokens) / (med / 1000.0), peak_rss_mib(),
+      // the instruction sets llama.cpp was built with (its build, not the machine's: see bench_llamacpp.sh)
+      a.engine == "kvfuse" ? "" : ",\"system_info\":" + nlohmann::json(llama_print_system_info()).dump());
   return 0;
 }
 
