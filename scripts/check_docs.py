@@ -266,9 +266,18 @@ def check_llamacpp(root):
                             f"{k['tokens_per_s'] / l['tokens_per_s']:.2f}×", f"{k['peak_rss_mib']:.0f}",
                             f"{l['peak_rss_mib']:.0f}", f"{k['peak_rss_mib'] / l['peak_rss_mib']:.2f}"]
     page.compare("| tokens | kvfuse tok/s | llama.cpp", "llamacpp.md, prefill benchmark", expected)
-    # 2026-11-29: kvfuse in one pass and in row blocks beside llama.cpp, as bench_llamacpp.sh prints it.
+    # 2026-11-29: kvfuse in one pass and in row blocks beside llama.cpp, as bench_llamacpp.sh prints it; llama.cpp
+    # built -march=native, then built for AVX2 only (KVFUSE_BENCH_LLAMACPP_ISA=avx2).
+    page.compare("| tokens | kvfuse tok/s | blocks tok/s |", "llamacpp.md, prefill in row blocks",
+                 prefill_rows(root / "docs/results/llamacpp-prefill-2026-11-29/bench_prefill.jsonl"))
+    page.compare("| tokens, llama.cpp for AVX2 | kvfuse tok/s | blocks tok/s |", "llamacpp.md, llama.cpp for AVX2",
+                 prefill_rows(root / "docs/results/llamacpp-prefill-avx2-2026-11-29/bench_prefill.jsonl"))
+
+
+def prefill_rows(jsonl):
+    """bench_llamacpp.sh's table from its JSON lines: kvfuse in one pass, in row blocks, llama.cpp."""
     runs = {}
-    for line in (root / "docs/results/llamacpp-prefill-2026-11-29/bench_prefill.jsonl").read_text().splitlines():
+    for line in jsonl.read_text().splitlines():
         r = json.loads(line)
         runs[(r["tokens"], "llamacpp" if r["engine"] == "llamacpp" else r["block_rows"] > 0)] = r
     expected = {}
@@ -277,7 +286,7 @@ def check_llamacpp(root):
         t, m = (lambda x: x["tokens_per_s"]), (lambda x: x["peak_rss_mib"])
         expected[str(n)] = [f"{t(k):.0f}", f"{t(b):.0f}", f"{t(l):.0f}", f"{t(k) / t(l):.2f}×", f"{t(b) / t(l):.2f}×",
                             f"{m(k):.0f}", f"{m(b):.0f}", f"{m(l):.0f}", f"{m(k) / m(l):.2f}", f"{m(b) / m(l):.2f}"]
-    page.compare("| tokens | kvfuse tok/s | blocks tok/s |", "llamacpp.md, prefill in row blocks", expected)
+    return expected
 
 
 def check_serving(root):
