@@ -200,13 +200,16 @@ void for_each_model(const auto& body) {
 }  // namespace
 
 TEST_CASE("real model: llama.cpp: kvfuse's full prefill and a 100 % recompute over loaded chunks equal llama.cpp's "
-          "own prefill") {
+          "own prefill, with more chunks waiting for their positions than the engine has scratch sequences") {
   for_each_model([](const std::filesystem::path& model) {
     const RealPrompt p = rag_prompt(model, kPassages);
     const auto n = static_cast<std::int64_t>(p.tokens.size());
     const std::vector<float> reference = llama_cpp_prefill(model, p.tokens);
 
-    LlamaCppFusion engine(model, {.n_ctx = 2048});
+    // Two scratch pairs, the fewest load_rows works with: a loaded block waits outside llama.cpp's cache until the
+    // first run that needs it, so it holds no sequence of its own meanwhile.
+    LlamaCppFusion engine(model, {.n_ctx = 2048, .scratch_pairs = 2});
+    REQUIRE(p.layout.chunks.size() > 2);
     kvfuse::InMemoryKVStore store;
     kvfuse::FusionPipeline pipeline(engine, store);
     const kvfuse::FusionResult full = pipeline.run(p.tokens, p.layout, kvfuse::FullRecompute{});

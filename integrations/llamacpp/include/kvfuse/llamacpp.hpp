@@ -12,14 +12,19 @@
 // both for this backend with a named error.
 //
 // How the concept maps onto llama.cpp (one llama_context, kv_unified, swa_full, n_seq_max = 4 + 2 ·
-// LlamaCppOptions::max_pending):
+// LlamaCppOptions::scratch_pairs):
 //   - A stored block (KVBlock::bytes) is llama_state_seq_get_data of a sequence holding exactly the block's rows:
 //     llama.cpp's own sequence-state format (cells with their positions, then each layer's K and V rows), one
 //     state per piece of at most the model's sliding window (llama.cpp leaves out of a sequence's state the cells
 //     its window no longer shows to the sequence's last position; within one window it keeps them all).
-//   - load_rows restores it into a scratch sequence (llama_state_seq_set_data) and shift_rows moves it there
-//     (llama_memory_seq_add: llama.cpp re-rotates K by the delta on the next decode, with each layer's own RoPE
-//     base). Once its rows sit at their own positions the block joins the staging sequence S.
+//   - load_rows checks the block by restoring it into a scratch sequence (llama_state_seq_set_data: llama.cpp's
+//     refusal, the positions it holds), so that a bad block is reported when it is loaded, then gives the cells
+//     back and keeps the bytes; shift_rows records its delta. The block enters the cache only when the first run
+//     at or after its first row needs it (restored again, moved by llama_memory_seq_add: llama.cpp re-rotates K by
+//     the delta on the next decode, with each layer's own RoPE base), and joins the staging sequence S. Without
+//     flash attention a decode attends over every cell up to the highest one in use (llama_kv_cache::get_n_kv), so
+//     restoring lazily keeps each run's attention to the prompt so far rather than the whole prompt
+//     (docs/llamacpp.md §8).
 //   - llama_decode accepts, per sequence, only positions that continue it (the first new position must be
 //     seq_pos_max + 1, with no gaps). So prefill(rows) walks the prompt left to right: for each maximal run
 //     [a, b) of rows to recompute, the staged rows before a join the request's sequence R
@@ -68,13 +73,12 @@ class LlamaCppFusion : public LlamaCppContext {
   // Loads the GGUF with llama.cpp (mmap) and makes one context. Throws with the path and llama.cpp's refusal.
   explicit LlamaCppFusion(const std::filesystem::path& gguf, LlamaCppOptions options = {})
       : LlamaCppContext(gguf, options,
-                        {kFirstScratch + 2 * options.max_pending, 2,
+                        {kFirstScratch + 2 * options.scratch_pairs, 2,
                          options.attention_statistics ? &LlamaCppFusion::eval_callback : nullptr, this,
                          "LlamaCppFusion"}) {
-    kvfuse::detail::require(options_.max_pending >= 2, "LlamaCppFusion: max_pending {} (need >= 2)",
-                            options_.max_pending);
-    scratch_free_.assign(options_.max_pending, true);
-    pending_.resize(options_.max_pending);
+    kvfuse::detail::require(options_.scratch_pairs >= 2, "LlamaCppFusion: scratch_pairs {} (need >= 2)",
+                            options_.scratch_pairs);
+    scratch_free_.assign(options_.scratch_pairs, true);
     enable_eval();
   }
 
@@ -105,67 +109,38 @@ class LlamaCppFusion : public LlamaCppContext {
     attached_end_ = 0;
     shift_pending_ = false;
     last_rows_.clear();
-    scratch_free_.assign(options_.max_pending, true);
-    for (Pending& p : pending_) p = {};
+    scratch_free_.assign(options_.scratch_pairs, true);
+    deferred_.clear();
   }
 
-  // Stored KV of rows r, rotated at positions block.first_position + (0 .. r.size() − 1).
+  // Stored KV of rows r, rotated at positions block.first_position + (0 .. r.size() − 1): checked now, entered into
+  // llama.cpp's cache when a run first needs it (see the header).
   void load_rows(TokenRange r, const KVBlock& block) {
     check_range(r, "load_rows");
     kvfuse::detail::require(block.num_tokens == r.size() && block.bytes.size() == block_bytes(r.size()),
                             "LlamaCppFusion::load_rows: a block of {} rows and {} bytes for rows {} ({} bytes)",
                             block.num_tokens, block.bytes.size(), r, block_bytes(r.size()));
+    for (std::int64_t t = r.begin; t < r.end; ++t)
+      kvfuse::detail::require(!staged_[static_cast<std::size_t>(t)] && t >= attached_end_,
+                              "LlamaCppFusion::load_rows: row {} of rows {} is resident already", t, r);
+    for (const Deferred& d : deferred_)
+      kvfuse::detail::require(d.rows.end <= r.begin || r.end <= d.rows.begin,
+                              "LlamaCppFusion::load_rows: rows {} overlap rows {}, loaded already", r, d.rows);
     const int slot = take_scratch("load_rows");
-    const llama_seq_id x = scratch_seq(slot);
-    // Piece by piece (save_range): each restored into a scratch pair of its own, then joined to x and its pin, so
-    // that every cell belongs to two sequences whenever llama.cpp searches for free cells.
-    std::size_t at = 0;
-    for (std::int64_t done = 0; done < r.size(); done += window_) {
-      const std::size_t size = block_bytes(std::min(window_, r.size() - done));
-      const int piece = take_scratch("load_rows");
-      const llama_seq_id y = scratch_seq(piece);
-      const std::size_t read = llama_state_seq_set_data(
-          ctx_.get(), reinterpret_cast<const std::uint8_t*>(block.bytes.data()) + at, size, y);
-      if (read == size) {
-        llama_memory_seq_cp(mem_, y, y + 1, -1, -1);
-        llama_memory_seq_cp(mem_, y, x, -1, -1);
-        llama_memory_seq_cp(mem_, y, x + 1, -1, -1);
-      }
-      drop_scratch(piece);
-      if (read != size) {
-        drop_scratch(slot);
-        throw error(fmt::format("LlamaCppFusion::load_rows: llama.cpp refused the stored block for rows {} ({} of {} "
-                                "bytes of the piece at byte {} read): not a sequence state of this model and build",
-                                r, read, size, at));
-      }
-      at += size;
-    }
-    if (llama_memory_seq_pos_min(mem_, x) != block.first_position ||
-        llama_memory_seq_pos_max(mem_, x) != block.first_position + r.size() - 1) {
-      const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
-      drop_scratch(slot);
-      throw error(fmt::format("LlamaCppFusion::load_rows: the stored block for rows {} holds positions [{}, {}], not "
-                              "[{}, {}]",
-                              r, lo, hi, block.first_position, block.first_position + r.size() - 1));
-    }
-    pending_[static_cast<std::size_t>(slot)] = {r, block.first_position, true};
-    if (block.first_position == r.begin) stage(slot);
+    restore(slot, r, block.bytes, block.first_position);
+    drop_scratch(slot);
+    deferred_.push_back({r, block.bytes, block.first_position, block.first_position});
   }
 
   // RoPE-shift rows r (loaded, not yet at their positions) by delta.
   void shift_rows(TokenRange r, std::int64_t delta) {
     check_range(r, "shift_rows");
-    const auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.used && p.rows == r; });
-    kvfuse::detail::require(it != pending_.end(),
+    const auto it = std::find_if(deferred_.begin(), deferred_.end(),
+                                 [&](const Deferred& d) { return d.rows == r && d.first != r.begin; });
+    kvfuse::detail::require(it != deferred_.end(),
                             "LlamaCppFusion::shift_rows: rows {} are not a loaded block waiting for its positions",
                             r);
-    const int slot = static_cast<int>(it - pending_.begin());
-    const llama_seq_id x = scratch_seq(slot);
-    llama_memory_seq_add(mem_, x, static_cast<llama_pos>(it->first), static_cast<llama_pos>(it->first + r.size()),
-                         static_cast<llama_pos>(delta));
     it->first += delta;
-    shift_pending_ = true;  // llama.cpp rotates K on the next decode
-    if (it->first == r.begin) stage(slot);
   }
 
   // Recomputes `rows` (ascending, holding the last row) over the resident KV, each at its position; the logits of
@@ -275,10 +250,11 @@ class LlamaCppFusion : public LlamaCppContext {
   // Sequence ids: the request R and its pin P, the staging sequence S and its pin Q, then scratch pairs.
   static constexpr llama_seq_id kRequest = 0, kRequestPin = 1, kStaging = 2, kStagingPin = 3, kFirstScratch = 4;
 
-  struct Pending {
+  struct Deferred {  // a loaded block not yet in llama.cpp's cache
     TokenRange rows{};
-    std::int64_t first = 0;  // position of the block's first row now
-    bool used = false;
+    std::vector<std::byte> bytes;      // llama.cpp's sequence state, as stored
+    std::int64_t stored_first = 0;     // position of its first row as stored
+    std::int64_t first = 0;            // ... once shifted (rows.begin before prefill)
   };
   struct Statistics {
     const PromptLayout* groups = nullptr;
@@ -296,31 +272,76 @@ class LlamaCppFusion : public LlamaCppContext {
         scratch_free_[i] = false;
         return static_cast<int>(i);
       }
-    throw error(fmt::format("LlamaCppFusion::{}: {} blocks wait for their positions already "
-                            "(LlamaCppOptions::max_pending)",
+    throw error(fmt::format("LlamaCppFusion::{}: all {} scratch sequence pairs are in use "
+                            "(LlamaCppOptions::scratch_pairs)",
                             who, scratch_free_.size()));
   }
-  void release_scratch(int slot) noexcept {
-    scratch_free_[static_cast<std::size_t>(slot)] = true;
-    pending_[static_cast<std::size_t>(slot)] = {};
-  }
-  void drop_scratch(int slot) noexcept {
+  void release_scratch(int slot) noexcept { scratch_free_[static_cast<std::size_t>(slot)] = true; }
+  void empty_scratch(int slot) noexcept {
     llama_memory_seq_rm(mem_, scratch_seq(slot), -1, -1);
     llama_memory_seq_rm(mem_, scratch_seq(slot) + 1, -1, -1);
+  }
+  void drop_scratch(int slot) noexcept {
+    empty_scratch(slot);
     release_scratch(slot);
   }
 
-  // A loaded block now at its own positions joins the staging sequence.
-  void stage(int slot) {
-    const Pending& p = pending_[static_cast<std::size_t>(slot)];
-    for (std::int64_t t = p.rows.begin; t < p.rows.end; ++t)
-      kvfuse::detail::require(!staged_[static_cast<std::size_t>(t)] && t >= attached_end_,
-                              "LlamaCppFusion::load_rows: row {} of rows {} is resident already", t, p.rows);
+  // The block `bytes` of rows r, stored at positions first .. first + r.size() − 1, into scratch sequence `slot` and
+  // its pin. Piece by piece (save_range): each restored into a scratch pair of its own, then joined to the slot's
+  // pair, so that every cell belongs to two sequences whenever llama.cpp searches for free cells. Throws, the slot's
+  // sequences emptied, when llama.cpp refuses a piece or the state holds other positions.
+  void restore(int slot, TokenRange r, std::span<const std::byte> bytes, std::int64_t first) {
     const llama_seq_id x = scratch_seq(slot);
-    llama_memory_seq_cp(mem_, x, kStaging, -1, -1);
-    llama_memory_seq_cp(mem_, x, kStagingPin, -1, -1);
-    std::fill(staged_.begin() + p.rows.begin, staged_.begin() + p.rows.end, true);
-    drop_scratch(slot);
+    std::size_t at = 0;
+    for (std::int64_t done = 0; done < r.size(); done += window_) {
+      const std::size_t size = block_bytes(std::min(window_, r.size() - done));
+      const int piece = take_scratch("load_rows");
+      const llama_seq_id y = scratch_seq(piece);
+      const std::size_t read = llama_state_seq_set_data(
+          ctx_.get(), reinterpret_cast<const std::uint8_t*>(bytes.data()) + at, size, y);
+      if (read == size) {
+        llama_memory_seq_cp(mem_, y, y + 1, -1, -1);
+        llama_memory_seq_cp(mem_, y, x, -1, -1);
+        llama_memory_seq_cp(mem_, y, x + 1, -1, -1);
+      }
+      drop_scratch(piece);
+      if (read != size) {
+        empty_scratch(slot);
+        throw error(fmt::format("LlamaCppFusion::load_rows: llama.cpp refused the stored block for rows {} ({} of {} "
+                                "bytes of the piece at byte {} read): not a sequence state of this model and build",
+                                r, read, size, at));
+      }
+      at += size;
+    }
+    const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
+    if (lo != first || hi != first + r.size() - 1) {
+      empty_scratch(slot);
+      throw error(fmt::format("LlamaCppFusion::load_rows: the stored block for rows {} holds positions [{}, {}], not "
+                              "[{}, {}]",
+                              r, lo, hi, first, first + r.size() - 1));
+    }
+  }
+
+  // Every loaded block whose first row is before `end` enters the cache at its own positions and joins the staging
+  // sequence (the K rotation of a shifted one is llama.cpp's, on the next decode).
+  void restore_before(std::int64_t end) {
+    while (!deferred_.empty() && deferred_.front().rows.begin < end) {
+      const Deferred& d = deferred_.front();
+      const int slot = take_scratch("prefill");
+      restore(slot, d.rows, d.bytes, d.stored_first);
+      const llama_seq_id x = scratch_seq(slot);
+      if (d.first != d.stored_first) {
+        llama_memory_seq_add(mem_, x, static_cast<llama_pos>(d.stored_first),
+                             static_cast<llama_pos>(d.stored_first + d.rows.size()),
+                             static_cast<llama_pos>(d.first - d.stored_first));
+        shift_pending_ = true;  // llama.cpp rotates K on the next decode
+      }
+      llama_memory_seq_cp(mem_, x, kStaging, -1, -1);
+      llama_memory_seq_cp(mem_, x, kStagingPin, -1, -1);
+      std::fill(staged_.begin() + d.rows.begin, staged_.begin() + d.rows.end, true);
+      drop_scratch(slot);
+      deferred_.erase(deferred_.begin());
+    }
   }
 
   // Staged rows [lo, hi) join the request's sequence.
@@ -357,10 +378,12 @@ class LlamaCppFusion : public LlamaCppContext {
     for (std::size_t i = 0; i < rows.size(); ++i)
       kvfuse::detail::require(rows[i] >= 0 && (i == 0 || rows[i] > rows[i - 1]),
                               "LlamaCppFusion::prefill: rows must ascend from >= 0 (row {} at {})", rows[i], i);
-    for (const Pending& p : pending_)
-      kvfuse::detail::require(!p.used, "LlamaCppFusion::prefill: rows {} were loaded at position {} and not shifted to "
-                                       "their own",
-                              p.rows, p.first);
+    for (const Deferred& d : deferred_)
+      kvfuse::detail::require(d.first == d.rows.begin,
+                              "LlamaCppFusion::prefill: rows {} were loaded at position {} and not shifted to their own",
+                              d.rows, d.first);
+    std::sort(deferred_.begin(), deferred_.end(),
+              [](const Deferred& x, const Deferred& y) { return x.rows.begin < y.rows.begin; });
     detach_from(rows.front());
     last_rows_ = rows;
     stats_ = stats;
@@ -371,6 +394,7 @@ class LlamaCppFusion : public LlamaCppContext {
         std::size_t j = i + 1;
         while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
         const std::int64_t a = rows[i], b = rows[j - 1] + 1;
+        restore_before(b);
         attach(attached_end_, a);
         const auto pa = static_cast<llama_pos>(a), pb = static_cast<llama_pos>(b);
         llama_memory_seq_rm(mem_, kStaging, pa, pb);  // stale copies of the rows about to be recomputed
@@ -502,7 +526,7 @@ class LlamaCppFusion : public LlamaCppContext {
   std::int64_t attached_end_ = 0;   // the request's sequence holds rows [0, attached_end_)
   bool shift_pending_ = false;      // a shift llama.cpp applies on the next decode
   std::vector<bool> scratch_free_;
-  std::vector<Pending> pending_;    // per scratch pair
+  std::vector<Deferred> deferred_;  // loaded blocks not yet in the cache; by first row once prefill began
   TokenSet last_rows_;
   Statistics* stats_ = nullptr;
 };

@@ -75,7 +75,7 @@
 namespace kvfuse::llamacpp {
 
 struct BatchOptions {
-  // n_ubatch is each step's token budget; n_ctx is set from the regions; max_pending and attention_statistics
+  // n_ubatch is each step's token budget; n_ctx is set from the regions; scratch_pairs and attention_statistics
   // are LlamaCppFusion's (unused here)
   LlamaCppOptions llama{};
   std::uint32_t max_requests = 4;      // running at once (the rest wait for a region)

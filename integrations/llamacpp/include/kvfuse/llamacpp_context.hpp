@@ -42,9 +42,8 @@ struct LlamaCppOptions {
   std::uint32_t n_ctx = 8192;     // KV cells: the prompt, the rows being recomputed, a chunk cache, the answer
   std::uint32_t n_batch = 512;    // tokens per llama_decode
   std::uint32_t n_ubatch = 512;   // tokens per graph
-  // Scratch sequence pairs: blocks loaded but not yet at their positions, plus one for the block being read,
-  // saved or computed.
-  std::uint32_t max_pending = 8;
+  // Scratch sequence pairs of LlamaCppFusion, for the blocks being read (two at once), saved or computed.
+  std::uint32_t scratch_pairs = 4;
   ggml_type kv_type = GGML_TYPE_F16;  // K and V cache type (part of the fingerprint: it changes the stored bytes)
   // llama.cpp's flash attention. Off by default: the attention statistics (record_context) read the softmax
   // llama.cpp computes without it; with it on they are refused with a named error.
