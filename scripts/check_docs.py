@@ -577,6 +577,25 @@ def check_llamacpp_cachecraft(root):
                      llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
 
 
+def check_llamacpp_lazy_restore(root):
+    """docs/llamacpp.md §8: LlamaCppFusion restoring each block eagerly (before) and lazily (after), same questions
+    (results/llamacpp-lazy-restore-2026-11-29/, one kvfuse-rag-eval run per directory)."""
+    page = Page(root, "docs/llamacpp.md")
+    d = root / "docs/results/llamacpp-lazy-restore-2026-11-29"
+    expected = {}
+    for run in sorted(p for p in d.iterdir() if p.is_dir()):
+        qs = load_json(run / "results.json")["per_question"]
+
+        def mean(m, field):
+            return st.mean(q["methods"][m][field] for q in qs)
+        cells = [f"{mean('full', 'ttft_ms') / 1000:.1f}"]
+        for m in ("cachecraft@0.5-nofocus", "cachecraft@0.25-nofocus"):
+            cells += [f"{mean(m, 'ttft_ms') / 1000:.1f}", f"{mean(m, 'ttft_ratio_vs_full'):.3f}",
+                      f"{mean(m, 'kl_answer_mean'):.4f}"]
+        expected[run.name] = cells
+    page.compare("| run | full prefill s |", "llamacpp.md §8, eager and lazy restore", expected)
+
+
 def server_arm_rows(run_dir, names):
     """bench_server.sh's arms (the load generator's JSON in run_dir, by table row) as the server.md tables show them:
     TTFT p50, p99, output tok/s, and the reuse arms' exact match and ROUGE-L against their own server's full prefill."""
@@ -918,6 +937,7 @@ def main():
               lambda: check_server_auto_calibration(root), lambda: check_fidelity_queryprobe(root),
               lambda: check_server_queryprobe(root),
               lambda: check_server_cachecraft(root), lambda: check_llamacpp_cachecraft(root),
+              lambda: check_llamacpp_lazy_restore(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
