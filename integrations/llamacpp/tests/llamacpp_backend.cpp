@@ -216,15 +216,15 @@ TEST_CASE("real model: llama.cpp: kvfuse's full prefill and a 100 % recompute ov
     CHECK(rel_error(full.logits, reference) < 1e-4);
     CHECK(engine.request_cells() == n);
 
-    // Every chunk loaded from its isolated cache and shifted into place, then every row recomputed.
+    // Every chunk loaded from its isolated cache, all of them waiting at position 0 at once, then shifted into place
+    // and every row recomputed.
     engine.begin(p.tokens);
-    for (const kvfuse::PromptChunk& c : p.layout.chunks) {
-      const kvfuse::KVBlock block = engine.chunk_kv(
-          std::span(p.tokens).subspan(static_cast<std::size_t>(c.range.begin), static_cast<std::size_t>(c.range.size())),
-          0);
-      engine.load_rows(c.range, block);
+    for (const kvfuse::PromptChunk& c : p.layout.chunks)
+      engine.load_rows(c.range, engine.chunk_kv(std::span(p.tokens).subspan(static_cast<std::size_t>(c.range.begin),
+                                                                             static_cast<std::size_t>(c.range.size())),
+                                                0));
+    for (const kvfuse::PromptChunk& c : p.layout.chunks)
       if (c.range.begin != 0) engine.shift_rows(c.range, c.range.begin);
-    }
     const std::vector<float> recomputed = engine.prefill(all_rows(n));
     CHECK(rel_error(recomputed, reference) < 1e-4);
     CHECK(kvfuse::argmax_token(recomputed) == kvfuse::argmax_token(reference));
@@ -326,6 +326,30 @@ TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows, 
     CHECK_THROWS_WITH_AS(pipeline.run(p.tokens, p.layout, kvfuse::parse_method("cacheblend")),
                          doctest::Contains("changes the recomputed set per layer"), kvfuse::error);
   });
+}
+
+TEST_CASE("real model: llama.cpp: a block at other positions or with bytes llama.cpp rejects is refused by load_rows "
+          "by name, and gives its scratch sequences back") {
+  const auto model = kvfuse_test::real_model(true, RealModel::smollm2);
+  if (!model) return;
+  const RealPrompt p = rag_prompt(*model, kPassages);
+  LlamaCppFusion engine(*model, {.n_ctx = 2048, .scratch_pairs = 2});
+  const kvfuse::TokenRange c = p.layout.chunks[1].range;
+  const auto chunk = std::span(p.tokens).subspan(static_cast<std::size_t>(c.begin), static_cast<std::size_t>(c.size()));
+  engine.begin(p.tokens);
+  kvfuse::KVBlock moved = engine.chunk_kv(chunk, 0);
+  moved.first_position = 5;  // the state holds positions 0 ..
+  CHECK_THROWS_WITH_AS(engine.load_rows(c, moved), doctest::Contains("holds positions [0, "), kvfuse::error);
+  kvfuse::KVBlock garbage = engine.chunk_kv(chunk, 0);
+  std::fill(garbage.bytes.begin(), garbage.bytes.begin() + 16, std::byte{0xff});
+  CHECK_THROWS_WITH_AS(engine.load_rows(c, garbage), doctest::Contains("llama.cpp refused the stored block"),
+                       kvfuse::error);
+  // Both scratch pairs are free again: computing a chunk cache takes them both, and a good block still loads.
+  const kvfuse::KVBlock good = engine.chunk_kv(chunk, 0);
+  engine.load_rows(c, good);
+  engine.shift_rows(c, c.begin);
+  const std::vector<float> logits = engine.prefill(all_rows(static_cast<std::int64_t>(p.tokens.size())));
+  CHECK(static_cast<std::int64_t>(logits.size()) == engine.vocab_size());
 }
 
 TEST_CASE("real model: llama.cpp: corrupt and foreign store entries are refused and recomputed") {

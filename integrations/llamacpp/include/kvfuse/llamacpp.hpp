@@ -127,7 +127,7 @@ class LlamaCppFusion : public LlamaCppContext {
       kvfuse::detail::require(d.rows.end <= r.begin || r.end <= d.rows.begin,
                               "LlamaCppFusion::load_rows: rows {} overlap rows {}, loaded already", r, d.rows);
     const int slot = take_scratch("load_rows");
-    restore(slot, r, block.bytes, block.first_position);
+    restore("load_rows", slot, r, block.bytes, block.first_position);
     drop_scratch(slot);
     deferred_.push_back({r, block.bytes, block.first_position, block.first_position});
   }
@@ -277,25 +277,23 @@ class LlamaCppFusion : public LlamaCppContext {
                             who, scratch_free_.size()));
   }
   void release_scratch(int slot) noexcept { scratch_free_[static_cast<std::size_t>(slot)] = true; }
-  void empty_scratch(int slot) noexcept {
+  void drop_scratch(int slot) noexcept {
     llama_memory_seq_rm(mem_, scratch_seq(slot), -1, -1);
     llama_memory_seq_rm(mem_, scratch_seq(slot) + 1, -1, -1);
-  }
-  void drop_scratch(int slot) noexcept {
-    empty_scratch(slot);
     release_scratch(slot);
   }
 
   // The block `bytes` of rows r, stored at positions first .. first + r.size() − 1, into scratch sequence `slot` and
   // its pin. Piece by piece (save_range): each restored into a scratch pair of its own, then joined to the slot's
-  // pair, so that every cell belongs to two sequences whenever llama.cpp searches for free cells. Throws, the slot's
-  // sequences emptied, when llama.cpp refuses a piece or the state holds other positions.
-  void restore(int slot, TokenRange r, std::span<const std::byte> bytes, std::int64_t first) {
+  // pair, so that every cell belongs to two sequences whenever llama.cpp searches for free cells. Throws, the slot
+  // dropped, when llama.cpp refuses a piece (not a state of this model and build, or no free cells) or the state
+  // holds other positions.
+  void restore(std::string_view who, int slot, TokenRange r, std::span<const std::byte> bytes, std::int64_t first) {
     const llama_seq_id x = scratch_seq(slot);
     std::size_t at = 0;
     for (std::int64_t done = 0; done < r.size(); done += window_) {
       const std::size_t size = block_bytes(std::min(window_, r.size() - done));
-      const int piece = take_scratch("load_rows");
+      const int piece = take_scratch(who);
       const llama_seq_id y = scratch_seq(piece);
       const std::size_t read = llama_state_seq_set_data(
           ctx_.get(), reinterpret_cast<const std::uint8_t*>(bytes.data()) + at, size, y);
@@ -306,19 +304,19 @@ class LlamaCppFusion : public LlamaCppContext {
       }
       drop_scratch(piece);
       if (read != size) {
-        empty_scratch(slot);
-        throw error(fmt::format("LlamaCppFusion::load_rows: llama.cpp refused the stored block for rows {} ({} of {} "
-                                "bytes of the piece at byte {} read): not a sequence state of this model and build",
-                                r, read, size, at));
+        drop_scratch(slot);
+        throw error(fmt::format("LlamaCppFusion::{}: llama.cpp refused the stored block for rows {} ({} of {} bytes of "
+                                "the piece at byte {} read): not a sequence state of this model and build, or no free "
+                                "cells in a context of {} (LlamaCppOptions::n_ctx)",
+                                who, r, read, size, at, options_.n_ctx));
       }
       at += size;
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
     if (lo != first || hi != first + r.size() - 1) {
-      empty_scratch(slot);
-      throw error(fmt::format("LlamaCppFusion::load_rows: the stored block for rows {} holds positions [{}, {}], not "
-                              "[{}, {}]",
-                              r, lo, hi, first, first + r.size() - 1));
+      drop_scratch(slot);
+      throw error(fmt::format("LlamaCppFusion::{}: the stored block for rows {} holds positions [{}, {}], not [{}, {}]",
+                              who, r, lo, hi, first, first + r.size() - 1));
     }
   }
 
@@ -328,7 +326,7 @@ class LlamaCppFusion : public LlamaCppContext {
     while (!deferred_.empty() && deferred_.front().rows.begin < end) {
       const Deferred& d = deferred_.front();
       const int slot = take_scratch("prefill");
-      restore(slot, d.rows, d.bytes, d.stored_first);
+      restore("prefill", slot, d.rows, d.bytes, d.stored_first);
       const llama_seq_id x = scratch_seq(slot);
       if (d.first != d.stored_first) {
         llama_memory_seq_add(mem_, x, static_cast<llama_pos>(d.stored_first),
