@@ -594,12 +594,13 @@ def check_llamacpp_lazy_restore(root):
                       f"{mean(m, 'kl_answer_mean'):.4f}"]
         expected[run.name] = cells
     page.compare("| run | full prefill s |", "llamacpp.md §8, eager and lazy restore", expected)
-    # §7's script again with lazy restore (results/llamacpp-cachecraft-lazy-2026-11-29/, SmolLM2).
+    # §7's script again with lazy restore (results/llamacpp-cachecraft-lazy-2026-11-29/).
     d = root / "docs/results/llamacpp-cachecraft-lazy-2026-11-29"
-    page.compare("**SmolLM2 with lazy restore, calibration**", "llamacpp.md §8, calibration",
-                 cachecraft_calibration_rows(load_json(d / "smollm2-calibration/results.json"), "SmolLM2", 0.30))
-    page.compare("**SmolLM2 with lazy restore, judged**", "llamacpp.md §8, judged",
-                 llamacpp_rows(load_json(d / "smollm2-judged/results.json")["per_question"]))
+    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
+        page.compare(f"**{name} with lazy restore, calibration**", f"llamacpp.md §8, {name} calibration",
+                     cachecraft_calibration_rows(load_json(d / f"{model}-calibration/results.json"), name, 0.30))
+        page.compare(f"**{name} with lazy restore, judged**", f"llamacpp.md §8, {name} judged",
+                     llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
 
 
 def server_arm_rows(run_dir, names):
