@@ -585,13 +585,10 @@ def check_llamacpp_lazy_restore(root):
     expected = {}
     for run in sorted(p for p in d.iterdir() if p.is_dir()):
         qs = load_json(run / "results.json")["per_question"]
-
-        def mean(m, field):
-            return st.mean(q["methods"][m][field] for q in qs)
-        cells = [f"{mean('full', 'ttft_ms') / 1000:.1f}"]
+        cells = [f"{mean_of(qs, 'full', 'ttft_ms') / 1000:.1f}"]
         for m in ("cachecraft@0.5-nofocus", "cachecraft@0.25-nofocus"):
-            cells += [f"{mean(m, 'ttft_ms') / 1000:.1f}", f"{mean(m, 'ttft_ratio_vs_full'):.3f}",
-                      f"{mean(m, 'kl_answer_mean'):.4f}"]
+            cells += [f"{mean_of(qs, m, 'ttft_ms') / 1000:.1f}", f"{mean_of(qs, m, 'ttft_ratio_vs_full'):.3f}",
+                      f"{mean_of(qs, m, 'kl_answer_mean'):.4f}"]
         expected[run.name] = cells
     page.compare("| run | full prefill s |", "llamacpp.md §8, eager and lazy restore", expected)
     # §7's script again with lazy restore (results/llamacpp-cachecraft-lazy-2026-11-29/).
