@@ -328,8 +328,8 @@ TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows, 
   });
 }
 
-TEST_CASE("real model: llama.cpp: a block at other positions or with bytes llama.cpp rejects is refused by load_rows "
-          "by name, and gives its scratch sequences back") {
+TEST_CASE("real model: llama.cpp: a block at other positions or with bytes that are not a sequence state is refused "
+          "by load_rows by name, and takes no scratch sequence") {
   const auto model = kvfuse_test::real_model(true, RealModel::smollm2);
   if (!model) return;
   const RealPrompt p = rag_prompt(*model, kPassages);
@@ -342,9 +342,25 @@ TEST_CASE("real model: llama.cpp: a block at other positions or with bytes llama
   CHECK_THROWS_WITH_AS(engine.load_rows(c, moved), doctest::Contains("holds positions [0, "), kvfuse::error);
   kvfuse::KVBlock garbage = engine.chunk_kv(chunk, 0);
   std::fill(garbage.bytes.begin(), garbage.bytes.begin() + 16, std::byte{0xff});
-  CHECK_THROWS_WITH_AS(engine.load_rows(c, garbage), doctest::Contains("llama.cpp refused the stored block"),
+  CHECK_THROWS_WITH_AS(engine.load_rows(c, garbage), doctest::Contains("is not a sequence state of this model"),
                        kvfuse::error);
-  // Both scratch pairs are free again: computing a chunk cache takes them both, and a good block still loads.
+  // llama.cpp's state: magic, sequence, stream count, cell count, then 12 bytes per cell (position, 1, sequence),
+  // then V transposed, the layer count and layer 0's K type and row size.
+  const auto at_cell = [](std::size_t i) { return 16 + 12 * i; };
+  kvfuse::KVBlock reordered = engine.chunk_kv(chunk, 0);
+  std::int32_t fourth = 0;
+  std::memcpy(&fourth, reordered.bytes.data() + at_cell(3), 4);
+  REQUIRE(fourth == 3);
+  std::swap_ranges(reordered.bytes.begin() + at_cell(3), reordered.bytes.begin() + at_cell(3) + 4,
+                   reordered.bytes.begin() + at_cell(4));  // cells 3 and 4 hold positions 4 and 3
+  CHECK_THROWS_WITH_AS(engine.load_rows(c, reordered), doctest::Contains("holds positions [0, "), kvfuse::error);
+  kvfuse::KVBlock retyped = engine.chunk_kv(chunk, 0);
+  const std::size_t k_type = at_cell(static_cast<std::size_t>(c.size())) + 8;
+  const std::int32_t f32 = GGML_TYPE_F32;
+  std::memcpy(retyped.bytes.data() + k_type, &f32, 4);  // K of layer 0 claims f32 in an f16 cache
+  CHECK_THROWS_WITH_AS(engine.load_rows(c, retyped), doctest::Contains("another cache or layer layout"),
+                       kvfuse::error);
+  // Refusing took no scratch pair: computing a chunk cache takes them both, and a good block loads.
   const kvfuse::KVBlock good = engine.chunk_kv(chunk, 0);
   engine.load_rows(c, good);
   engine.shift_rows(c, c.begin);

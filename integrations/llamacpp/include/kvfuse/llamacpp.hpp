@@ -17,11 +17,12 @@
 //     llama.cpp's own sequence-state format (cells with their positions, then each layer's K and V rows), one
 //     state per piece of at most the model's sliding window (llama.cpp leaves out of a sequence's state the cells
 //     its window no longer shows to the sequence's last position; within one window it keeps them all).
-//   - load_rows checks the block by restoring it into a scratch sequence (llama_state_seq_set_data: llama.cpp's
-//     refusal, the positions it holds), so that a bad block is reported when it is loaded, then gives the cells
-//     back and keeps the bytes; shift_rows records its delta. The block enters the cache only when the first run
-//     at or after its first row needs it (restored again, moved by llama_memory_seq_add: llama.cpp re-rotates K by
-//     the delta on the next decode, with each layer's own RoPE base), and joins the staging sequence S. Without
+//   - load_rows checks the block without llama.cpp (LlamaCppContext::block_mismatch: its size, its pieces'
+//     layout and positions), so that a bad block is reported when it is loaded, and keeps the bytes; shift_rows
+//     records its delta. The block enters the cache only when the first run at or after its first row needs it
+//     (restored, moved by llama_memory_seq_add: llama.cpp re-rotates K by the delta on the next decode, with each
+//     layer's own RoPE base; a block llama.cpp still refuses there, for want of free cells, is a named error), and
+//     joins the staging sequence S. Without
 //     flash attention a decode attends over every cell up to the highest one in use (llama_kv_cache::get_n_kv), so
 //     restoring lazily keeps each run's attention to the prompt so far rather than the whole prompt
 //     (docs/llamacpp.md §8).
@@ -126,9 +127,8 @@ class LlamaCppFusion : public LlamaCppContext {
     for (const Deferred& d : deferred_)
       kvfuse::detail::require(d.rows.end <= r.begin || r.end <= d.rows.begin,
                               "LlamaCppFusion::load_rows: rows {} overlap rows {}, loaded already", r, d.rows);
-    const int slot = take_scratch("load_rows");
-    restore("load_rows", slot, r, block.bytes, block.first_position);
-    drop_scratch(slot);
+    if (const std::string why = block_mismatch(block.bytes, r.size(), block.first_position); !why.empty())
+      throw error(fmt::format("LlamaCppFusion::load_rows: the stored block for rows {} {}", r, why));
     deferred_.push_back({r, block.bytes, block.first_position, block.first_position});
   }
 

@@ -47,7 +47,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -354,7 +353,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     const std::optional<KVBlock> block = store_->get(c.key);
     const std::int64_t n = c.range.size();
     if (!block || block->num_tokens != n || block->first_position != c.stored_first_position ||
-        block->bytes.size() != block_bytes(n) || !cells_in_order(*block))
+        !block_mismatch(block->bytes, n, block->first_position).empty())
       return false;
     const llama_seq_id x = seq_scratch(), filler = seq_filler(r.region);
     const auto lo = static_cast<llama_pos>(c.range.begin), hi = static_cast<llama_pos>(c.range.end);
@@ -375,22 +374,6 @@ class LlamaCppBatchEngine : public LlamaCppContext {
     llama_memory_seq_cp(mem_, x, seq_staging(r.region), -1, -1);
     llama_memory_seq_rm(mem_, x, -1, -1);
     std::fill(r.staged.begin() + c.range.begin, r.staged.begin() + c.range.end, true);
-    return true;
-  }
-
-  // A block's cells hold positions first, first + 1, ... in order (llama.cpp's sequence state: an 8-byte header,
-  // the stream count and the cell count, then per cell its position, its sequence count 1 and the sequence).
-  [[nodiscard]] static bool cells_in_order(const KVBlock& block) {
-    const auto u32 = [&](std::size_t at) {
-      std::uint32_t v = 0;
-      if (at + 4 <= block.bytes.size()) std::memcpy(&v, block.bytes.data() + at, 4);
-      return v;
-    };
-    if (u32(12) != static_cast<std::uint32_t>(block.num_tokens)) return false;
-    for (std::int64_t i = 0; i < block.num_tokens; ++i) {
-      const auto at = static_cast<std::size_t>(16 + 12 * i);
-      if (u32(at) != static_cast<std::uint32_t>(block.first_position + i) || u32(at + 4) != 1) return false;
-    }
     return true;
   }
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,6 +31,7 @@
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/detail/llamacpp_state.hpp"
 
 #ifndef KVFUSE_LLAMACPP_SOURCE_ID
 #error "KVFUSE_LLAMACPP_SOURCE_ID names the llama.cpp source this is built against (the kvfuse::llamacpp target sets it)"
@@ -167,6 +169,36 @@ class LlamaCppContext {
     const auto pieces = static_cast<std::size_t>(n <= 0 ? 0 : (n - 1) / window_ + 1);
     return pieces * state_base_ + static_cast<std::size_t>(n) * state_per_row_;
   }
+  // Why `bytes` cannot be a stored block of n rows at positions first, first + 1, ... for this context (empty when
+  // it can): each piece read without llama.cpp (detail/llamacpp_state.hpp) — its size, magic, every cache's
+  // positions and the layer types and sizes measured at construction. What it leaves to the restore: free cells.
+  [[nodiscard]] std::string block_mismatch(std::span<const std::byte> bytes, std::int64_t n, std::int64_t first) const {
+    if (n <= 0 || bytes.size() != block_bytes(n))
+      return fmt::format("is {} bytes, not the {} of {} rows", bytes.size(), block_bytes(n), n);
+    std::size_t at = 0;
+    detail::SequenceStateShape shape;
+    for (std::int64_t done = 0; done < n; done += window_) {
+      const std::int64_t rows = std::min(window_, n - done);
+      const std::size_t size = block_bytes(rows);
+      if (std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape); !why.empty())
+        return fmt::format("is not a sequence state of this model and build: the piece at byte {} {}", at, why);
+      if (shape.magic != state_magic_ || shape.layers != state_layers_)
+        return fmt::format("is not a sequence state of this model and build: the piece at byte {} has magic 0x{:08x} "
+                           "and another cache or layer layout",
+                           at, shape.magic);
+      for (const std::vector<std::int32_t>& pos : shape.positions) {
+        bool in_order = static_cast<std::int64_t>(pos.size()) == rows;
+        for (std::size_t i = 0; in_order && i < pos.size(); ++i)
+          in_order = pos[i] == first + done + static_cast<std::int64_t>(i);
+        if (!in_order)
+          return fmt::format("holds positions [{}, {}] in {} cells at byte {}, not [{}, {}]",
+                             pos.empty() ? -1 : pos.front(), pos.empty() ? -1 : pos.back(), pos.size(), at,
+                             first + done, first + done + rows - 1);
+      }
+      at += size;
+    }
+    return {};
+  }
   // Rows per stored piece: the model's sliding window (2^31 − 1 without one).
   [[nodiscard]] std::int64_t window() const noexcept { return window_; }
   [[nodiscard]] llama_context* context() const noexcept { return ctx_.get(); }
@@ -243,6 +275,8 @@ class LlamaCppContext {
   llama_batch batch_{};
   std::uint64_t fingerprint_ = 0;
   std::size_t state_empty_ = 0, state_base_ = 0, state_per_row_ = 0;
+  std::uint32_t state_magic_ = 0;                         // of every sequence state of this build
+  std::vector<std::vector<std::uint64_t>> state_layers_;  // per cache: its layers' types and sizes (block_mismatch)
   std::int64_t window_ = 0;  // rows per stored piece: the sliding window (no limit without one)
 
  private:
@@ -257,7 +291,8 @@ class LlamaCppContext {
   bool eval_on_ = false;
 
   // block_bytes(n) = base + n · per_row for n <= window_, from the state sizes of one and two tokens decoded in
-  // sequence 0 (a state names its one sequence in every cell, however many share the cell).
+  // sequence 0 (a state names its one sequence in every cell, however many share the cell). The two-token state
+  // must read as two cells at positions 0 and 1 in every cache, or this build's layout is not the one kvfuse reads.
   void measure_block_layout() {
     state_empty_ = llama_state_seq_get_size(ctx_.get(), 0);
     const token_id t[2] = {0, 0};
@@ -272,6 +307,18 @@ class LlamaCppContext {
                             state_empty_, one, two);
     state_per_row_ = two - one;
     state_base_ = one - state_per_row_;
+    const std::vector<std::byte> probe = save_sequence(0);
+    detail::SequenceStateShape shape;
+    std::string why = detail::read_sequence_state(probe, shape);
+    for (const std::vector<std::int32_t>& pos : shape.positions)
+      if (why.empty() && pos != std::vector<std::int32_t>{0, 1})
+        why = fmt::format("holds {} cells in a cache, not positions 0 and 1", pos.size());
+    kvfuse::detail::require(why.empty(),
+                            "{}: llama.cpp's sequence state of two tokens is not the layout kvfuse reads "
+                            "(detail/llamacpp_state.hpp): it {}",
+                            who_, why);
+    state_magic_ = shape.magic;
+    state_layers_ = std::move(shape.layers);
     llama_memory_clear(mem_, true);
   }
 };
