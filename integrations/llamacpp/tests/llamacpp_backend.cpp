@@ -240,15 +240,20 @@ std::string long_passage() {
   return text;
 }
 
-TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals the chunk computed alone at p") {
+TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals the chunk computed alone at p, "
+          "moved in its bytes by kvfuse (f32, f16 cache) or by llama.cpp (q8_0)") {
   for_each_model([](const std::filesystem::path& model) {
     const RealPrompt p = rag_prompt(model, {kPassages[0], long_passage(), kPassages[1]});
     const kvfuse::TokenRange c = p.layout.chunks[2].range;  // the long passage
     REQUIRE(c.size() > 512);
     const auto chunk = std::span(p.tokens).subspan(static_cast<std::size_t>(c.begin), static_cast<std::size_t>(c.size()));
-    for (ggml_type kv : {GGML_TYPE_F32, GGML_TYPE_F16}) {
-      CAPTURE(ggml_type_name(kv));
-      LlamaCppFusion engine(model, {.n_ctx = 2048, .kv_type = kv});
+    for (ggml_type kv : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0}) {
+      const std::string type = ggml_type_name(kv);
+      CAPTURE(type);
+      // A quantized V cache needs llama.cpp's flash attention; kvfuse rotates f16 and f32 K, llama.cpp the rest.
+      const bool quantized = kv == GGML_TYPE_Q8_0;
+      LlamaCppFusion engine(model, {.n_ctx = 2048, .kv_type = kv, .flash_attention = quantized});
+      CHECK(engine.shifts_blocks() == !quantized);
       // The chunk's rows in a prompt that recomputes everything else: the query's logits and the chunk's stored KV.
       const auto run = [&](const kvfuse::KVBlock& block) {
         engine.begin(p.tokens);
@@ -263,6 +268,12 @@ TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals
       const auto [shifted_logits, shifted] = run(engine.chunk_kv(chunk, 0));
       const auto [direct_logits, direct] = run(engine.chunk_kv(chunk, c.begin));
       REQUIRE(shifted.bytes.size() == direct.bytes.size());
+      if (quantized) {  // q8_0 blocks of 32 values with a scale: compared through the logits alone
+        MESSAGE("q8_0 cache, shifted by llama.cpp: logits " << rel_error(shifted_logits, direct_logits));
+        CHECK(rel_error(shifted_logits, direct_logits) < 0.1);
+        CHECK(kvfuse::argmax_token(shifted_logits) == kvfuse::argmax_token(direct_logits));
+        continue;
+      }
       const std::size_t sections = engine.window() < c.size() ? 2 : 1;  // sliding-window layers: a second cache
       const std::vector<StateSection> a = state_values(shifted.bytes, c.size(), engine.window(), sections);
       const std::vector<StateSection> b = state_values(direct.bytes, c.size(), engine.window(), sections);
@@ -285,6 +296,82 @@ TEST_CASE("real model: llama.cpp: a chunk computed alone and shifted to p equals
       CHECK(worst < 0.5);
       CHECK(rel_error(shifted_logits, direct_logits) < 0.1);
       CHECK(kvfuse::argmax_token(shifted_logits) == kvfuse::argmax_token(direct_logits));
+    }
+  });
+}
+
+TEST_CASE("real model: llama.cpp: shift_block moves a block as llama.cpp's own K shift does, on every layer") {
+  for_each_model([](const std::filesystem::path& model) {
+    const RealPrompt p = rag_prompt(model, {kPassages[0], long_passage(), kPassages[1]});
+    const kvfuse::TokenRange c = p.layout.chunks[2].range;  // longer than Gemma 3's window: two pieces
+    const auto chunk = std::span(p.tokens).subspan(static_cast<std::size_t>(c.begin), static_cast<std::size_t>(c.size()));
+    const std::int64_t delta = 3000;
+    for (ggml_type kv : {GGML_TYPE_F32, GGML_TYPE_F16}) {
+      const std::string type = ggml_type_name(kv);
+      CAPTURE(type);
+      LlamaCppFusion engine(model, {.n_ctx = 2048, .kv_type = kv});
+      REQUIRE(engine.shifts_blocks());
+      engine.begin(p.tokens);
+      const kvfuse::KVBlock block = engine.chunk_kv(chunk, 0);
+      std::vector<std::byte> ours = block.bytes;
+      REQUIRE(engine.shift_block(ours, c.size(), delta));
+
+      // llama.cpp's shift: each piece restored into a context of the engine's kind, moved by llama_memory_seq_add,
+      // rotated by the next decode (one token of a third sequence), saved.
+      llama_model* m = llama_model_load_from_file(model.string().c_str(), llama_model_default_params());
+      REQUIRE(m != nullptr);
+      llama_context_params cp = llama_context_default_params();
+      cp.n_ctx = 2048;
+      cp.n_seq_max = 3;
+      cp.type_k = cp.type_v = kv;
+      cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+      cp.swa_full = cp.kv_unified = true;
+      llama_context* ctx = llama_init_from_model(m, cp);
+      REQUIRE(ctx != nullptr);
+      std::vector<std::byte> theirs;
+      std::size_t at = 0;
+      for (std::int64_t done = 0; done < c.size(); done += engine.window()) {
+        const std::size_t size = engine.block_bytes(std::min(engine.window(), c.size() - done));
+        llama_memory_clear(llama_get_memory(ctx), true);
+        REQUIRE(llama_state_seq_set_data(ctx, reinterpret_cast<const std::uint8_t*>(block.bytes.data()) + at, size,
+                                         0) == size);
+        // Pinned by sequence 1: llama.cpp may give a cell of one sequence that its window masks to a new token.
+        llama_memory_seq_cp(llama_get_memory(ctx), 0, 1, -1, -1);
+        llama_memory_seq_add(llama_get_memory(ctx), 0, -1, -1, static_cast<llama_pos>(delta));
+        llama_batch b = llama_batch_init(1, 0, 1);
+        b.n_tokens = 1;
+        b.token[0] = p.tokens[0];
+        b.pos[0] = 0;
+        b.n_seq_id[0] = 1;
+        b.seq_id[0][0] = 2;
+        b.logits[0] = 1;
+        REQUIRE(llama_decode(ctx, b) == 0);
+        llama_batch_free(b);
+        std::vector<std::byte> piece(llama_state_seq_get_size(ctx, 0));
+        REQUIRE(llama_state_seq_get_data(ctx, reinterpret_cast<std::uint8_t*>(piece.data()), piece.size(), 0) ==
+                piece.size());
+        theirs.insert(theirs.end(), piece.begin(), piece.end());
+        at += size;
+      }
+      llama_free(ctx);
+      llama_model_free(m);
+      REQUIRE(theirs.size() == ours.size());
+      CHECK(engine.block_mismatch(ours, c.size(), delta).empty());  // every cell at its position + delta
+      CHECK(engine.block_mismatch(theirs, c.size(), delta).empty());
+
+      // V the same, and K to the rounding of one rotation in float (f32) or of the f16 cell (llama.cpp forms the
+      // angle in float: ~3000 · θ · 2^-24 rad off).
+      const std::size_t sections = engine.window() < c.size() ? 2 : 1;
+      const std::vector<StateSection> a = state_values(ours, c.size(), engine.window(), sections);
+      const std::vector<StateSection> b = state_values(theirs, c.size(), engine.window(), sections);
+      double worst = 0;
+      for (std::size_t sec = 0; sec < a.size(); ++sec)
+        for (std::size_t l = 0; l < a[sec].k.size(); ++l) {
+          CHECK(a[sec].v[l] == b[sec].v[l]);
+          worst = std::max(worst, max_rel(a[sec].k[l], b[sec].k[l]));
+        }
+      MESSAGE("largest K difference over all layers " << worst);
+      CHECK(worst < (kv == GGML_TYPE_F32 ? 5e-4 : 2e-3));
     }
   });
 }

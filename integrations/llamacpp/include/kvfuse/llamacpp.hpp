@@ -19,10 +19,11 @@
 //     its window no longer shows to the sequence's last position; within one window it keeps them all).
 //   - load_rows checks the block without llama.cpp (LlamaCppContext::block_mismatch: its size, its pieces'
 //     layout and positions), so that a bad block is reported when it is loaded, and keeps the bytes; shift_rows
-//     records its delta. The block enters the cache only when the first run at or after its first row needs it
-//     (restored, moved by llama_memory_seq_add: llama.cpp re-rotates K by the delta on the next decode, with each
-//     layer's own RoPE base; a block llama.cpp still refuses there, for want of free cells, is a named error), and
-//     joins the staging sequence S. Without
+//     moves it in its bytes (LlamaCppContext::shift_block: the cells' positions, K re-rotated with each layer's own
+//     RoPE base). The block enters the cache only when the first run at or after its first row needs it (restored;
+//     a block llama.cpp still refuses there, for want of free cells, is a named error), and joins the staging
+//     sequence S. llama.cpp's own shift, llama_memory_seq_add, is the fallback for a model whose RoPE kvfuse does not
+//     read: it re-rotates K of every cell of the cache on the next decode, so one per restored block is dear. Without
 //     flash attention a decode attends over every cell up to the highest one in use (llama_kv_cache::get_n_kv), so
 //     restoring lazily keeps each run's attention to the prompt so far rather than the whole prompt
 //     (docs/llamacpp.md §8).
@@ -132,7 +133,8 @@ class LlamaCppFusion : public LlamaCppContext {
     deferred_.push_back({r, block.bytes, block.first_position, block.first_position});
   }
 
-  // RoPE-shift rows r (loaded, not yet at their positions) by delta.
+  // RoPE-shift rows r (loaded, not yet at their positions) by delta: in the block's bytes where shift_block can
+  // (then llama.cpp restores it at its new positions), else by llama.cpp when it is restored.
   void shift_rows(TokenRange r, std::int64_t delta) {
     check_range(r, "shift_rows");
     const auto it = std::find_if(deferred_.begin(), deferred_.end(),
@@ -141,6 +143,7 @@ class LlamaCppFusion : public LlamaCppContext {
                             "LlamaCppFusion::shift_rows: rows {} are not a loaded block waiting for its positions",
                             r);
     it->first += delta;
+    if (shift_block(it->bytes, r.size(), delta)) it->stored_first = it->first;
   }
 
   // Recomputes `rows` (ascending, holding the last row) over the resident KV, each at its position; the logits of
@@ -252,8 +255,8 @@ class LlamaCppFusion : public LlamaCppContext {
 
   struct Deferred {  // a loaded block not yet in llama.cpp's cache
     TokenRange rows{};
-    std::vector<std::byte> bytes;      // llama.cpp's sequence state, as stored
-    std::int64_t stored_first = 0;     // position of its first row as stored
+    std::vector<std::byte> bytes;      // llama.cpp's sequence state of the rows at stored_first, ...
+    std::int64_t stored_first = 0;     // position of its first row in `bytes`
     std::int64_t first = 0;            // ... once shifted (rows.begin before prefill)
   };
   struct Statistics {

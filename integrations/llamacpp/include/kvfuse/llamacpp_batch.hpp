@@ -350,18 +350,21 @@ class LlamaCppBatchEngine : public LlamaCppContext {
   // The chunk's stored block into its cells (base + its rows), at its rows' positions, staged; false (cells back to
   // the filler) when the entry is unusable.
   bool load(Running& r, const ChunkPlan& c) {
-    const std::optional<KVBlock> block = store_->get(c.key);
+    std::optional<KVBlock> block = store_->get(c.key);
     const std::int64_t n = c.range.size();
     if (!block || block->num_tokens != n || block->first_position != c.stored_first_position ||
         !block_mismatch(block->bytes, n, block->first_position).empty())
       return false;
+    // Moved in its bytes where kvfuse rotates this model's K; else llama.cpp shifts it after the restore.
+    const bool moved = c.shift() != 0 && shift_block(block->bytes, n, c.shift());
+    const std::int64_t first = moved ? c.range.begin : block->first_position;
     const llama_seq_id x = seq_scratch(), filler = seq_filler(r.region);
     const auto lo = static_cast<llama_pos>(c.range.begin), hi = static_cast<llama_pos>(c.range.end);
     llama_memory_seq_rm(mem_, filler, lo, hi);  // exactly the chunk's cells are free
     const std::size_t read = llama_state_seq_set_data(
         ctx_.get(), reinterpret_cast<const std::uint8_t*>(block->bytes.data()), block->bytes.size(), x);
-    if (read != block->bytes.size() || llama_memory_seq_pos_min(mem_, x) != block->first_position ||
-        llama_memory_seq_pos_max(mem_, x) != block->first_position + n - 1) {
+    if (read != block->bytes.size() || llama_memory_seq_pos_min(mem_, x) != first ||
+        llama_memory_seq_pos_max(mem_, x) != first + n - 1) {
       llama_memory_seq_rm(mem_, x, -1, -1);
       const std::vector<token_id> zero(1, 0);
       decode_into(x, lo, hi, zero);  // llama.cpp freed them: the filler takes them back
@@ -369,7 +372,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
       llama_memory_seq_rm(mem_, x, -1, -1);
       return false;
     }
-    if (c.shift() != 0)
+    if (c.shift() != 0 && !moved)
       llama_memory_seq_add(mem_, x, -1, -1, static_cast<llama_pos>(c.shift()));  // K re-rotated on the next decode
     llama_memory_seq_cp(mem_, x, seq_staging(r.region), -1, -1);
     llama_memory_seq_rm(mem_, x, -1, -1);

@@ -12,12 +12,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +31,7 @@
 #include <fmt/format.h>
 #include <llama.h>
 
+#include "kvfuse/backend/cpu/llama_config.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/hash.hpp"
 #include "kvfuse/core/types.hpp"
@@ -149,6 +153,7 @@ class LlamaCppContext {
     batch_ = llama_batch_init(static_cast<std::int32_t>(options_.n_batch), 0, shape.seqs_per_token);
 
     measure_block_layout();
+    prepare_block_shift(gguf);
     const std::uint64_t layout[] = {static_cast<std::uint64_t>(options_.kv_type),
                                     options_.flash_attention ? 1u : 0u,  // V transposed in the state without it
                                     1u /* swa_full */, state_base_, state_per_row_};
@@ -182,11 +187,15 @@ class LlamaCppContext {
       const std::size_t size = block_bytes(rows);
       if (std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape); !why.empty())
         return fmt::format("is not a sequence state of this model and build: the piece at byte {} {}", at, why);
-      if (shape.magic != state_magic_ || shape.layers != state_layers_)
+      bool same_layout = shape.magic == state_magic_ && shape.caches.size() == state_layouts_.size();
+      for (std::size_t c = 0; same_layout && c < shape.caches.size(); ++c)
+        same_layout = shape.caches[c].layout == state_layouts_[c];
+      if (!same_layout)
         return fmt::format("is not a sequence state of this model and build: the piece at byte {} has magic 0x{:08x} "
                            "and another cache or layer layout",
                            at, shape.magic);
-      for (const std::vector<std::int32_t>& pos : shape.positions) {
+      for (const detail::CacheState& cache : shape.caches) {
+        const std::vector<std::int32_t>& pos = cache.positions;
         bool in_order = static_cast<std::int64_t>(pos.size()) == rows;
         for (std::size_t i = 0; in_order && i < pos.size(); ++i)
           in_order = pos[i] == first + done + static_cast<std::int64_t>(i);
@@ -198,6 +207,26 @@ class LlamaCppContext {
       at += size;
     }
     return {};
+  }
+  // Whether shift_block moves blocks: kvfuse reads this model's RoPE (LlamaConfig of the same GGUF), the cache is
+  // f16 or f32, and a block moved by it matched llama.cpp's own computation at the new positions at construction.
+  [[nodiscard]] bool shifts_blocks() const noexcept { return rope_.has_value(); }
+  // Moves a stored block of n rows (block_mismatch empty) by delta positions in its bytes, piece by piece
+  // (detail::move_sequence_state): restored, it sits at its new positions with K rotated there. llama.cpp's own
+  // shift (llama_memory_seq_add) rotates K of every cell of the cache on every layer on the next decode, whatever
+  // it moved; this touches the block's rows alone. False, the bytes unchanged, when !shifts_blocks().
+  bool shift_block(std::span<std::byte> bytes, std::int64_t n, std::int64_t delta) const {
+    if (!rope_) return false;
+    std::size_t at = 0;
+    detail::SequenceStateShape shape;
+    for (std::int64_t done = 0; done < n; done += window_) {
+      const std::size_t size = block_bytes(std::min(window_, n - done));
+      const std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape);
+      kvfuse::detail::require(why.empty(), "{}::shift_block: the block {}", who_, why);
+      detail::move_sequence_state(bytes.subspan(at, size), shape, *rope_, delta);
+      at += size;
+    }
+    return true;
   }
   // Rows per stored piece: the model's sliding window (2^31 − 1 without one).
   [[nodiscard]] std::int64_t window() const noexcept { return window_; }
@@ -276,8 +305,9 @@ class LlamaCppContext {
   std::uint64_t fingerprint_ = 0;
   std::size_t state_empty_ = 0, state_base_ = 0, state_per_row_ = 0;
   std::uint32_t state_magic_ = 0;                         // of every sequence state of this build
-  std::vector<std::vector<std::uint64_t>> state_layers_;  // per cache: its layers' types and sizes (block_mismatch)
+  std::vector<std::vector<std::uint64_t>> state_layouts_;  // per cache: its layers' types and sizes (block_mismatch)
   std::int64_t window_ = 0;  // rows per stored piece: the sliding window (no limit without one)
+  std::optional<detail::StateRope> rope_;  // how shift_block rotates K; none: llama.cpp shifts
 
  private:
   static bool forward_eval(ggml_tensor* t, bool ask, void* user) {
@@ -310,17 +340,102 @@ class LlamaCppContext {
     const std::vector<std::byte> probe = save_sequence(0);
     detail::SequenceStateShape shape;
     std::string why = detail::read_sequence_state(probe, shape);
-    for (const std::vector<std::int32_t>& pos : shape.positions)
-      if (why.empty() && pos != std::vector<std::int32_t>{0, 1})
-        why = fmt::format("holds {} cells in a cache, not positions 0 and 1", pos.size());
+    for (const detail::CacheState& cache : shape.caches)
+      if (why.empty() && cache.positions != std::vector<std::int32_t>{0, 1})
+        why = fmt::format("holds {} cells in a cache, not positions 0 and 1", cache.positions.size());
     kvfuse::detail::require(why.empty(),
                             "{}: llama.cpp's sequence state of two tokens is not the layout kvfuse reads "
                             "(detail/llamacpp_state.hpp): it {}",
                             who_, why);
     state_magic_ = shape.magic;
-    state_layers_ = std::move(shape.layers);
+    for (detail::CacheState& cache : shape.caches) state_layouts_.push_back(std::move(cache.layout));
     llama_memory_clear(mem_, true);
   }
+
+  // shift_block's RoPE, where kvfuse can rotate this model's K: LlamaConfig reads the GGUF (which layers are local,
+  // each layer's θ_i), llama.cpp's RoPE type is that pairing, the cache is f16 or f32, and its states hold the
+  // global layers' cache then the local layers' (llama.cpp's iSWA order) with K rows of n_head_kv · head_dim.
+  // Then the check: token 0 decoded alone at position 0, its state moved by kShiftProbe, against token 0 decoded
+  // at kShiftProbe by llama.cpp (a lone token attends only to itself, so its K differs by the rotation alone).
+  // Anything else leaves rope_ empty: llama.cpp shifts.
+  void prepare_block_shift(const std::filesystem::path& gguf) {
+    if (options_.kv_type != GGML_TYPE_F16 && options_.kv_type != GGML_TYPE_F32) return;
+    std::optional<LlamaConfig> config;
+    try {
+      config = LlamaConfig::from_gguf(GGUFFile::open(gguf));
+    } catch (const kvfuse::error&) {
+      return;  // an architecture or RoPE kvfuse's CPU backend does not read
+    }
+    const llama_rope_type type = llama_model_rope_type(model_.get());
+    if (!(type == LLAMA_ROPE_TYPE_NORM && config->rope_pairing == RopePairing::interleaved) &&
+        !(type == LLAMA_ROPE_TYPE_NEOX && config->rope_pairing == RopePairing::half_split))
+      return;
+    std::vector<std::vector<std::int64_t>> layers(state_layouts_.size());
+    for (std::int64_t l = 0; l < config->n_layer; ++l) {
+      if (layers.size() == 1) layers[0].push_back(l);
+      else if (layers.size() == 2) layers[config->is_local(l) ? 1 : 0].push_back(l);
+    }
+    detail::StateRope rope{options_.kv_type, config->n_head_kv, config->head_dim, config->rope_pairing, {}};
+    const std::uint64_t row = ggml_row_size(options_.kv_type, config->n_head_kv * config->head_dim);
+    for (std::size_t c = 0; c < layers.size(); ++c) {
+      const std::vector<std::uint64_t>& layout = state_layouts_[c];
+      if (layout.size() < 2 || layout[1] != layers[c].size() || layers[c].empty()) return;
+      std::vector<std::vector<double>>& theta = rope.theta.emplace_back();
+      for (std::size_t j = 0; j < layers[c].size(); ++j) {
+        if (layout[2 + 2 * j] != static_cast<std::uint64_t>(options_.kv_type) || layout[3 + 2 * j] != row) return;
+        theta.push_back(config->rope_theta(layers[c][j]));
+      }
+    }
+    if (layers.empty()) return;
+    const token_id t = 0;
+    const auto state_at = [&](std::int64_t pos) {
+      fill_batch(std::span<const token_id>(&t, 1), pos, {0}, false);
+      decode("measure", pos, 1);
+      std::vector<std::byte> bytes = save_sequence(0);
+      llama_memory_clear(mem_, true);
+      return bytes;
+    };
+    std::vector<std::byte> moved = state_at(0);
+    const std::vector<std::byte> there = state_at(kShiftProbe);
+    detail::SequenceStateShape shape, expected;
+    if (moved.size() != there.size() || !detail::read_sequence_state(moved, shape).empty() ||
+        !detail::read_sequence_state(there, expected).empty())
+      return;
+    detail::move_sequence_state(moved, shape, rope, kShiftProbe);
+    if (!detail::read_sequence_state(moved, shape).empty()) return;
+    const std::int64_t width = config->n_head_kv * config->head_dim;
+    std::vector<float> a(static_cast<std::size_t>(width)), b(a.size());
+    for (std::size_t c = 0; c < shape.caches.size(); ++c) {
+      if (shape.caches[c].positions != expected.caches[c].positions) return;
+      for (std::size_t l = 0; l < shape.caches[c].k_at.size(); ++l) {
+        read_row(moved, shape.caches[c].k_at[l], a);
+        read_row(there, expected.caches[c].k_at[l], b);
+        float scale = 0, worst = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          scale = std::max(scale, std::abs(b[i]));
+          worst = std::max(worst, std::abs(a[i] - b[i]));
+        }
+        if (worst > kShiftTolerance * std::max(scale, 1.0f)) return;
+      }
+    }
+    rope_ = std::move(rope);
+  }
+
+  // One K row (f16 or f32) of a state, as floats.
+  void read_row(std::span<const std::byte> bytes, std::size_t at, std::vector<float>& out) const {
+    if (options_.kv_type == GGML_TYPE_F32) {
+      std::memcpy(out.data(), bytes.data() + at, out.size() * 4);
+      return;
+    }
+    std::vector<ggml_fp16_t> halves(out.size());
+    std::memcpy(halves.data(), bytes.data() + at, out.size() * 2);
+    ggml_fp16_to_fp32_row(halves.data(), out.data(), static_cast<std::int64_t>(out.size()));
+  }
+
+  // The probe's move, and how far the moved K may lie from llama.cpp's (of the row's largest value): f16 rounds
+  // twice (llama.cpp's rotated value and kvfuse's), 2^-10 each; llama.cpp forms the angle in float.
+  static constexpr std::int64_t kShiftProbe = 1000;
+  static constexpr float kShiftTolerance = 4e-3f;
 };
 
 }  // namespace kvfuse::llamacpp

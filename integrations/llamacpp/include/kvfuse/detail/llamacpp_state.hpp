@@ -5,7 +5,9 @@
 // layers: V transposed or not, the layer count, per layer K's type, row size and rows, then per layer V's (type
 // and row size, or type, element size and width when transposed) and its values. LlamaCppContext reads its own
 // measuring state with it at construction and refuses a build whose state it cannot read, so a change of layout in
-// llama.cpp is an error there, never a block misread.
+// llama.cpp is an error there, never a block misread. move_sequence_state moves a state to other positions in its
+// bytes (its cells' positions, K re-rotated), which LlamaCppContext::shift_block checks against llama.cpp at
+// construction before it uses it.
 
 #include <cstddef>
 #include <cstdint>
@@ -15,17 +17,26 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <ggml.h>
+
+#include "kvfuse/core/rope.hpp"
+#include "kvfuse/detail/rope.hpp"
 
 namespace kvfuse::llamacpp::detail {
 
-// What a sequence state holds besides its K and V values.
+// One KV cache's part of a sequence state: what it holds besides its K and V values, and where.
+struct CacheState {
+  std::vector<std::int32_t> positions;  // of its cells, in order
+  std::size_t cells_at = 0;             // cell i's position is the int32 at cells_at + 12 · i
+  std::vector<std::size_t> k_at;        // per layer: where its K rows begin (cell by cell, one row each)
+  // V transposed, the layer count, then each layer's K type and row size, then each layer's V type and row size
+  // (transposed: type, element size, width). Equal for every state of one context.
+  std::vector<std::uint64_t> layout;
+};
+
 struct SequenceStateShape {
   std::uint32_t magic = 0;
-  // Per KV cache: the positions of its cells, in order.
-  std::vector<std::vector<std::int32_t>> positions;
-  // Per KV cache: V transposed, the layer count, then each layer's K type and row size, then each layer's V type
-  // and row size (transposed: type, element size, width). Equal for every state of one context.
-  std::vector<std::vector<std::uint64_t>> layers;
+  std::vector<CacheState> caches;
 };
 
 // The shape of `bytes`, which must be one whole sequence state; on failure, what is wrong (empty when it read).
@@ -59,41 +70,97 @@ struct SequenceStateShape {
     if (const std::uint32_t streams = u32(); why.empty() && streams != 1)
       return fmt::format("a cache at byte {} has {} streams, not 1", at - 4, streams);
     const std::uint32_t cells = u32();
-    std::vector<std::int32_t>& pos = out.positions.emplace_back();
-    std::vector<std::uint64_t>& layers = out.layers.emplace_back();
+    CacheState& cache = out.caches.emplace_back();
+    cache.cells_at = at;
     if (!why.empty() || cells == 0) continue;
     if (cells > bytes.size() / 12) return fmt::format("{} cells in a state of {} bytes", cells, bytes.size());
     for (std::uint32_t i = 0; i < cells && why.empty(); ++i) {
-      pos.push_back(static_cast<std::int32_t>(u32()));
+      cache.positions.push_back(static_cast<std::int32_t>(u32()));
       if (const std::uint32_t seqs = u32(); why.empty() && seqs != 1)
         return fmt::format("cell {} names {} sequences, not 1", i, seqs);
       u32();  // its sequence
     }
     const std::uint32_t v_trans = u32(), n_layer = u32();
-    layers = {v_trans, n_layer};
+    cache.layout = {v_trans, n_layer};
     if (why.empty() && (v_trans > 1 || n_layer == 0 || n_layer > 4096))
       return fmt::format("V transposed {} and {} layers at byte {}", v_trans, n_layer, at - 8);
     for (std::uint32_t l = 0; l < n_layer && why.empty(); ++l) {  // K: type, row size, rows
       const std::uint32_t type = u32();
       const std::uint64_t row = u64();
-      layers.insert(layers.end(), {type, row});
+      cache.layout.insert(cache.layout.end(), {type, row});
       if (why.empty() && row > (bytes.size() - at) / cells)
         return fmt::format("layer {}'s K rows of {} bytes overrun the state", l, row);
+      cache.k_at.push_back(at);
       take(static_cast<std::size_t>(row) * cells, nullptr);
     }
     for (std::uint32_t l = 0; l < n_layer && why.empty(); ++l) {  // V: per cell rows, or per channel cells
       const std::uint32_t type = u32();
       const std::uint64_t element = v_trans != 0 ? u32() : u64();
       const std::uint64_t width = v_trans != 0 ? u32() : 1;
-      layers.insert(layers.end(), {type, element, width});
+      cache.layout.insert(cache.layout.end(), {type, element, width});
       if (why.empty() && (element == 0 || width == 0 || element * width > (bytes.size() - at) / cells))
         return fmt::format("layer {}'s V of {} x {} bytes per cell overruns the state", l, width, element);
       take(static_cast<std::size_t>(element * width) * cells, nullptr);
     }
   }
   if (!why.empty()) return why;
-  if (out.positions.empty()) return "holds no cache";
+  if (out.caches.empty()) return "holds no cache";
   return {};
+}
+
+// How the K rows of a context's states are rotated: the cache type (f16 or f32), the heads of a row, and per cache
+// per layer (in the state's order) θ_i of its head_dim / 2 pairs.
+struct StateRope {
+  ggml_type k_type = GGML_TYPE_F16;
+  std::int64_t n_head_kv = 0, head_dim = 0;
+  RopePairing pairing = RopePairing::interleaved;
+  std::vector<std::vector<std::vector<double>>> theta;  // [cache][layer] -> θ_i
+};
+
+// Moves the sequence state `bytes` (read into `shape`) by delta positions: every cell's position, and every layer's
+// K rotated by delta · θ_i on each head. RoPE composes (R(φ + δ) = R(δ) R(φ)), so K at position p becomes K at
+// p + delta up to the rounding of one rotation, as llama.cpp's own K shift computes it (in float, then rounded to
+// the cache type).
+inline void move_sequence_state(std::span<std::byte> bytes, const SequenceStateShape& shape, const StateRope& rope,
+                                std::int64_t delta) {
+  const std::int64_t width = rope.n_head_kv * rope.head_dim;
+  const std::size_t element = rope.k_type == GGML_TYPE_F16 ? 2 : 4;
+  std::vector<float> cos_phi(static_cast<std::size_t>(rope.head_dim / 2)), sin_phi(cos_phi.size());
+  std::vector<float> rows;
+  std::vector<ggml_fp16_t> halves;
+  for (std::size_t c = 0; c < shape.caches.size(); ++c) {
+    const CacheState& cache = shape.caches[c];
+    const auto n = static_cast<std::int64_t>(cache.positions.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto pos = static_cast<std::int32_t>(cache.positions[static_cast<std::size_t>(i)] + delta);
+      std::memcpy(bytes.data() + cache.cells_at + 12 * static_cast<std::size_t>(i), &pos, 4);
+    }
+    if (n == 0) continue;
+    for (std::size_t l = 0; l < cache.k_at.size(); ++l) {
+      const std::vector<double>& theta = rope.theta[c][l];
+      kvfuse::detail::rope_cos_sin(theta.data(), rope.head_dim / 2, static_cast<double>(delta), cos_phi.data(),
+                                   sin_phi.data());
+      const auto count = static_cast<std::size_t>(n * width);
+      std::byte* k = bytes.data() + cache.k_at[l];
+      rows.resize(count);
+      if (element == 2) {
+        halves.resize(count);
+        std::memcpy(halves.data(), k, count * 2);
+        ggml_fp16_to_fp32_row(halves.data(), rows.data(), static_cast<std::int64_t>(count));
+      } else {
+        std::memcpy(rows.data(), k, count * 4);
+      }
+      for (std::int64_t h = 0; h < n * rope.n_head_kv; ++h)
+        kvfuse::detail::rope_rotate_head(rows.data() + h * rope.head_dim, rope.head_dim, rope.pairing, cos_phi.data(),
+                                         sin_phi.data());
+      if (element == 2) {
+        ggml_fp32_to_fp16_row(rows.data(), halves.data(), static_cast<std::int64_t>(count));
+        std::memcpy(k, halves.data(), count * 2);
+      } else {
+        std::memcpy(k, rows.data(), count * 4);
+      }
+    }
+  }
 }
 
 }  // namespace kvfuse::llamacpp::detail
