@@ -600,6 +600,24 @@ def check_llamacpp_lazy_restore(root):
                      llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
 
 
+def check_llamacpp_block_shift(root):
+    """docs/llamacpp.md §9: three LlamaCppFusion builds on the same questions, in rotation (eager restore, lazy restore
+    with llama.cpp's shift, lazy restore of blocks moved in their bytes; results/llamacpp-block-shift-2026-11-29/ab/,
+    one kvfuse-rag-eval run per directory, named <model>-<n>-<build>)."""
+    page = Page(root, "docs/llamacpp.md")
+    d = root / "docs/results/llamacpp-block-shift-2026-11-29/ab"
+    expected = {}
+    for run in sorted((p for p in d.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("-")[1])):
+        qs = load_json(run / "results.json")["per_question"]
+        cells = [f"{mean_of(qs, 'full', 'ttft_ms') / 1000:.1f}"]
+        for m in ("naive", "attnlink@16", "cachecraft@0.125-nofocus"):
+            cells.append(f"{mean_of(qs, m, 'ttft_ratio_vs_full'):.3f}")
+        cells += [f"{mean_of(qs, 'attnlink@16', 'load_ms'):.0f}", f"{mean_of(qs, 'attnlink@16', 'kl_answer_mean'):.4f}",
+                  f"{mean_of(qs, 'cachecraft@0.125-nofocus', 'kl_answer_mean'):.4f}"]
+        expected[run.name] = cells
+    page.compare("| run | full prefill s | naive × full |", "llamacpp.md §9, three builds", expected)
+
+
 def server_arm_rows(run_dir, names):
     """bench_server.sh's arms (the load generator's JSON in run_dir, by table row) as the server.md tables show them:
     TTFT p50, p99, output tok/s, and the reuse arms' exact match and ROUGE-L against their own server's full prefill."""
@@ -942,6 +960,7 @@ def main():
               lambda: check_server_queryprobe(root),
               lambda: check_server_cachecraft(root), lambda: check_llamacpp_cachecraft(root),
               lambda: check_llamacpp_lazy_restore(root),
+              lambda: check_llamacpp_block_shift(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:

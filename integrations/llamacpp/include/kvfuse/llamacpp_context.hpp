@@ -187,10 +187,7 @@ class LlamaCppContext {
       const std::size_t size = block_bytes(rows);
       if (std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape); !why.empty())
         return fmt::format("is not a sequence state of this model and build: the piece at byte {} {}", at, why);
-      bool same_layout = shape.magic == state_magic_ && shape.caches.size() == state_layouts_.size();
-      for (std::size_t c = 0; same_layout && c < shape.caches.size(); ++c)
-        same_layout = shape.caches[c].layout == state_layouts_[c];
-      if (!same_layout)
+      if (!same_layout(shape))
         return fmt::format("is not a sequence state of this model and build: the piece at byte {} has magic 0x{:08x} "
                            "and another cache or layer layout",
                            at, shape.magic);
@@ -222,7 +219,9 @@ class LlamaCppContext {
     for (std::int64_t done = 0; done < n; done += window_) {
       const std::size_t size = block_bytes(std::min(window_, n - done));
       const std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape);
-      kvfuse::detail::require(why.empty(), "{}::shift_block: the block {}", who_, why);
+      kvfuse::detail::require(why.empty(), "{}::shift_block: the piece at byte {} {}", who_, at, why);
+      kvfuse::detail::require(same_layout(shape), "{}::shift_block: the piece at byte {} is not a state of this context", who_,
+                              at);
       detail::move_sequence_state(bytes.subspan(at, size), shape, *rope_, delta);
       at += size;
     }
@@ -386,7 +385,6 @@ class LlamaCppContext {
         theta.push_back(config->rope_theta(layers[c][j]));
       }
     }
-    if (layers.empty()) return;
     const token_id t = 0;
     const auto state_at = [&](std::int64_t pos) {
       fill_batch(std::span<const token_id>(&t, 1), pos, {0}, false);
@@ -419,6 +417,14 @@ class LlamaCppContext {
       }
     }
     rope_ = std::move(rope);
+  }
+
+  // Whether a state read by detail::read_sequence_state has this context's magic, caches and layers.
+  [[nodiscard]] bool same_layout(const detail::SequenceStateShape& shape) const {
+    if (shape.magic != state_magic_ || shape.caches.size() != state_layouts_.size()) return false;
+    for (std::size_t c = 0; c < shape.caches.size(); ++c)
+      if (shape.caches[c].layout != state_layouts_[c]) return false;
+    return true;
   }
 
   // One K row (f16 or f32) of a state, as floats.
