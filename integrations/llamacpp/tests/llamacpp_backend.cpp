@@ -359,8 +359,9 @@ TEST_CASE("real model: llama.cpp: shift_block moves a block as llama.cpp's own K
       CHECK(engine.block_mismatch(ours, c.size(), delta).empty());  // every cell at its position + delta
       CHECK(engine.block_mismatch(theirs, c.size(), delta).empty());
 
-      // V the same, and K to the rounding of one rotation in float (f32) or of the f16 cell (llama.cpp forms the
-      // angle in float: ~3000 · θ · 2^-24 rad off).
+      // V the same, and K: the same angles (ggml's float table) and rotation, so the same floats but where one
+      // compiler fused a multiply-add the other did not (measured 1.2e-7 of the largest value with an f32 cache)
+      // and the f16 roundings that flips (one f16 step: 3e-4 to 6e-4 measured).
       const std::size_t sections = engine.window() < c.size() ? 2 : 1;
       const std::vector<StateSection> a = state_values(ours, c.size(), engine.window(), sections);
       const std::vector<StateSection> b = state_values(theirs, c.size(), engine.window(), sections);
@@ -371,7 +372,7 @@ TEST_CASE("real model: llama.cpp: shift_block moves a block as llama.cpp's own K
           worst = std::max(worst, max_rel(a[sec].k[l], b[sec].k[l]));
         }
       MESSAGE("largest K difference over all layers " << worst);
-      CHECK(worst < (kv == GGML_TYPE_F32 ? 5e-4 : 2e-3));
+      CHECK(worst < (kv == GGML_TYPE_F32 ? 1e-6 : 1e-3));
     }
   });
 }

@@ -352,7 +352,7 @@ class LlamaCppContext {
   }
 
   // shift_block's RoPE, where kvfuse can rotate this model's K: LlamaConfig reads the GGUF (which layers are local,
-  // each layer's θ_i), llama.cpp's RoPE type is that pairing, the cache is f16 or f32, and its states hold the
+  // each layer's base, linear scaling and frequency factors), llama.cpp's RoPE type is that pairing, the cache is f16 or f32, and its states hold the
   // global layers' cache then the local layers' (llama.cpp's iSWA order) with K rows of n_head_kv · head_dim.
   // Then the check: token 0 decoded alone at position 0, its state moved by kShiftProbe, against token 0 decoded
   // at kShiftProbe by llama.cpp (a lone token attends only to itself, so its K differs by the rotation alone).
@@ -379,10 +379,15 @@ class LlamaCppContext {
     for (std::size_t c = 0; c < layers.size(); ++c) {
       const std::vector<std::uint64_t>& layout = state_layouts_[c];
       if (layout.size() < 2 || layout[1] != layers[c].size() || layers[c].empty()) return;
-      std::vector<std::vector<double>>& theta = rope.theta.emplace_back();
+      std::vector<detail::LayerRope>& ropes = rope.layers.emplace_back();
       for (std::size_t j = 0; j < layers[c].size(); ++j) {
         if (layout[2 + 2 * j] != static_cast<std::uint64_t>(options_.kv_type) || layout[3 + 2 * j] != row) return;
-        theta.push_back(config->rope_theta(layers[c][j]));
+        const RopeFrequencyConfig f = config->rope_frequency_config(layers[c][j]);
+        if (f.scaling == RopeScaling::llama3) return;
+        detail::LayerRope& r = ropes.emplace_back();
+        r.base = static_cast<float>(f.base);
+        r.freq_scale = f.scaling == RopeScaling::linear ? static_cast<float>(1.0 / f.factor) : 1.0f;
+        if (f.freq_factors != nullptr) r.freq_factors.assign(f.freq_factors, f.freq_factors + config->head_dim / 2);
       }
     }
     const token_id t = 0;

@@ -9,6 +9,7 @@
 // bytes (its cells' positions, K re-rotated), which LlamaCppContext::shift_block checks against llama.cpp at
 // construction before it uses it.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -108,19 +109,43 @@ struct SequenceStateShape {
   return {};
 }
 
+// One layer's RoPE as llama.cpp applies it: θ_i = base^(−2i/d), divided by the layer's frequency factor, times
+// freq_scale (1 / the linear scaling factor).
+struct LayerRope {
+  float base = 10000.0f, freq_scale = 1.0f;
+  std::vector<float> freq_factors;  // head_dim / 2 divisors, or empty
+};
+
 // How the K rows of a context's states are rotated: the cache type (f16 or f32), the heads of a row, and per cache
-// per layer (in the state's order) θ_i of its head_dim / 2 pairs.
+// per layer (in the state's order) its RoPE.
 struct StateRope {
   ggml_type k_type = GGML_TYPE_F16;
   std::int64_t n_head_kv = 0, head_dim = 0;
   RopePairing pairing = RopePairing::interleaved;
-  std::vector<std::vector<std::vector<double>>> theta;  // [cache][layer] -> θ_i
+  std::vector<std::vector<LayerRope>> layers;  // [cache][layer]
 };
 
+// cos / sin of a rotation by `delta` positions formed as ggml's CPU RoPE forms them (ggml_rope_cache_init, no
+// YaRN): in float, θ starting at delta and multiplied by base^(−2/d) pair by pair, the angle freq_scale · θ / ff_i.
+// Not kvfuse's double-angle table (detail::rope_cos_sin): llama.cpp rotated the rows of its full prefill with
+// these very angles, so a chunk computed at position 0 and moved by delta gets K as llama.cpp computes it at delta.
+inline void ggml_rope_angles(const LayerRope& rope, std::int64_t head_dim, std::int64_t delta, float* cos_out,
+                             float* sin_out) {
+  const float theta_scale = std::pow(rope.base, -2.0f / static_cast<float>(head_dim));
+  float theta = static_cast<float>(delta);
+  for (std::int64_t i = 0; i < head_dim / 2; ++i) {
+    const float ff = rope.freq_factors.empty() ? 1.0f : rope.freq_factors[static_cast<std::size_t>(i)];
+    const float angle = rope.freq_scale * (theta / ff);
+    cos_out[i] = std::cos(angle);
+    sin_out[i] = std::sin(angle);
+    theta *= theta_scale;
+  }
+}
+
 // Moves the sequence state `bytes` (read into `shape`) by delta positions: every cell's position, and every layer's
-// K rotated by delta · θ_i on each head. RoPE composes (R(φ + δ) = R(δ) R(φ)), so K at position p becomes K at
-// p + delta up to the rounding of one rotation, as llama.cpp's own K shift computes it (in float, then rounded to
-// the cache type).
+// K rotated by delta's angles on each head. RoPE composes (R(φ + δ) = R(δ) R(φ)), so K at position p becomes K at
+// p + delta up to the rounding of one rotation, as llama.cpp's own K shift computes it (the same angles, the
+// rotation in float, then rounded to the cache type).
 inline void move_sequence_state(std::span<std::byte> bytes, const SequenceStateShape& shape, const StateRope& rope,
                                 std::int64_t delta) {
   const std::int64_t width = rope.n_head_kv * rope.head_dim;
@@ -137,9 +162,7 @@ inline void move_sequence_state(std::span<std::byte> bytes, const SequenceStateS
     }
     if (n == 0) continue;
     for (std::size_t l = 0; l < cache.k_at.size(); ++l) {
-      const std::vector<double>& theta = rope.theta[c][l];
-      kvfuse::detail::rope_cos_sin(theta.data(), rope.head_dim / 2, static_cast<double>(delta), cos_phi.data(),
-                                   sin_phi.data());
+      ggml_rope_angles(rope.layers[c][l], rope.head_dim, delta, cos_phi.data(), sin_phi.data());
       const auto count = static_cast<std::size_t>(n * width);
       std::byte* k = bytes.data() + cache.k_at[l];
       rows.resize(count);
