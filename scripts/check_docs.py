@@ -601,21 +601,25 @@ def check_llamacpp_lazy_restore(root):
 
 
 def check_llamacpp_block_shift(root):
-    """docs/llamacpp.md §9: three LlamaCppFusion builds on the same questions, in rotation (eager restore, lazy restore
-    with llama.cpp's shift, lazy restore of blocks moved in their bytes; results/llamacpp-block-shift-2026-11-29/ab/,
-    one kvfuse-rag-eval run per directory, named <model>-<n>-<build>)."""
+    """docs/llamacpp.md §9: LlamaCppFusion builds on the same questions, in rotation (check-only/: a block checked by a
+    restore or read without llama.cpp; ab/: eager restore, lazy restore with llama.cpp's shift, blocks moved in their
+    bytes), one kvfuse-rag-eval run per directory, named <model>-<n>-<build>
+    (results/llamacpp-block-shift-2026-11-29/)."""
     page = Page(root, "docs/llamacpp.md")
-    d = root / "docs/results/llamacpp-block-shift-2026-11-29/ab"
-    expected = {}
-    for run in sorted((p for p in d.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("-")[1])):
-        qs = load_json(run / "results.json")["per_question"]
-        cells = [f"{mean_of(qs, 'full', 'ttft_ms') / 1000:.1f}"]
-        for m in ("naive", "attnlink@16", "cachecraft@0.125-nofocus"):
-            cells.append(f"{mean_of(qs, m, 'ttft_ratio_vs_full'):.3f}")
-        cells += [f"{mean_of(qs, 'attnlink@16', 'load_ms'):.0f}", f"{mean_of(qs, 'attnlink@16', 'kl_answer_mean'):.4f}",
-                  f"{mean_of(qs, 'cachecraft@0.125-nofocus', 'kl_answer_mean'):.4f}"]
-        expected[run.name] = cells
-    page.compare("| run | full prefill s | naive × full |", "llamacpp.md §9, three builds", expected)
+    d = root / "docs/results/llamacpp-block-shift-2026-11-29"
+    for sub, anchor in (("check-only", "| run, block checked | full prefill s |"),
+                        ("ab", "| run, three builds | full prefill s |")):
+        expected = {}
+        for run in sorted((p for p in (d / sub).iterdir() if p.is_dir()), key=lambda p: int(p.name.split("-")[1])):
+            qs = load_json(run / "results.json")["per_question"]
+            cells = [f"{mean_of(qs, 'full', 'ttft_ms') / 1000:.1f}"]
+            for m in ("naive", "attnlink@16", "cachecraft@0.125-nofocus"):
+                cells.append(f"{mean_of(qs, m, 'ttft_ratio_vs_full'):.3f}")
+            cells += [f"{mean_of(qs, 'attnlink@16', 'load_ms'):.0f}",
+                      f"{mean_of(qs, 'attnlink@16', 'kl_answer_mean'):.4f}",
+                      f"{mean_of(qs, 'cachecraft@0.125-nofocus', 'kl_answer_mean'):.4f}"]
+            expected[run.name] = cells
+        page.compare(anchor, f"llamacpp.md §9, {sub}", expected)
 
 
 def server_arm_rows(run_dir, names):

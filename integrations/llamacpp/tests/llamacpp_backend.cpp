@@ -314,7 +314,7 @@ TEST_CASE("real model: llama.cpp: shift_block moves a block as llama.cpp's own K
       engine.begin(p.tokens);
       const kvfuse::KVBlock block = engine.chunk_kv(chunk, 0);
       std::vector<std::byte> ours = block.bytes;
-      REQUIRE(engine.shift_block(ours, c.size(), delta));
+      REQUIRE(engine.shift_block(ours, c.size(), 0, delta));
 
       // llama.cpp's shift: each piece restored into a context of the engine's kind, moved by llama_memory_seq_add,
       // rotated by the next decode (one token of a third sequence), saved.
@@ -416,8 +416,8 @@ TEST_CASE("real model: llama.cpp: AttnLink recomputes exactly the planned rows, 
   });
 }
 
-TEST_CASE("real model: llama.cpp: a block at other positions or with bytes that are not a sequence state is refused "
-          "by load_rows by name, and takes no scratch sequence") {
+TEST_CASE("real model: llama.cpp: a block at other positions, with a position held twice, with another layer type or "
+          "with bytes that are not a sequence state is refused by load_rows by name, and takes no scratch sequence") {
   const auto model = kvfuse_test::real_model(true, RealModel::smollm2);
   if (!model) return;
   const RealPrompt p = rag_prompt(*model, kPassages);
@@ -435,13 +435,12 @@ TEST_CASE("real model: llama.cpp: a block at other positions or with bytes that 
   // llama.cpp's state: magic, sequence, stream count, cell count, then 12 bytes per cell (position, 1, sequence),
   // then V transposed, the layer count and layer 0's K type and row size.
   const auto at_cell = [](std::size_t i) { return 16 + 12 * i; };
-  kvfuse::KVBlock reordered = engine.chunk_kv(chunk, 0);
+  kvfuse::KVBlock twice = engine.chunk_kv(chunk, 0);
   std::int32_t fourth = 0;
-  std::memcpy(&fourth, reordered.bytes.data() + at_cell(3), 4);
+  std::memcpy(&fourth, twice.bytes.data() + at_cell(3), 4);
   REQUIRE(fourth == 3);
-  std::swap_ranges(reordered.bytes.begin() + at_cell(3), reordered.bytes.begin() + at_cell(3) + 4,
-                   reordered.bytes.begin() + at_cell(4));  // cells 3 and 4 hold positions 4 and 3
-  CHECK_THROWS_WITH_AS(engine.load_rows(c, reordered), doctest::Contains("holds positions [0, "), kvfuse::error);
+  std::memcpy(twice.bytes.data() + at_cell(4), &fourth, 4);  // cells 3 and 4 both at position 3, none at 4
+  CHECK_THROWS_WITH_AS(engine.load_rows(c, twice), doctest::Contains("not each of [0, "), kvfuse::error);
   kvfuse::KVBlock retyped = engine.chunk_kv(chunk, 0);
   const std::size_t k_type = at_cell(static_cast<std::size_t>(c.size())) + 8;
   const std::int32_t f32 = GGML_TYPE_F32;

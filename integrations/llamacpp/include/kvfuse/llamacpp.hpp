@@ -142,8 +142,9 @@ class LlamaCppFusion : public LlamaCppContext {
     kvfuse::detail::require(it != deferred_.end(),
                             "LlamaCppFusion::shift_rows: rows {} are not a loaded block waiting for its positions",
                             r);
+    const bool moved = shift_block(it->bytes, r.size(), it->stored_first, it->first + delta - it->stored_first);
     it->first += delta;
-    if (shift_block(it->bytes, r.size(), delta)) it->stored_first = it->first;
+    if (moved) it->stored_first = it->first;
   }
 
   // Recomputes `rows` (ascending, holding the last row) over the resident KV, each at its position; the logits of
@@ -324,7 +325,7 @@ class LlamaCppFusion : public LlamaCppContext {
   }
 
   // Every loaded block whose first row is before `end` enters the cache at its own positions and joins the staging
-  // sequence (the K rotation of a shifted one is llama.cpp's, on the next decode).
+  // sequence (a block shift_block could not move is moved by llama.cpp here, its K rotated on the next decode).
   void restore_before(std::int64_t end) {
     while (!deferred_.empty() && deferred_.front().rows.begin < end) {
       const Deferred& d = deferred_.front();

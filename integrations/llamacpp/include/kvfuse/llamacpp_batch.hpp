@@ -356,7 +356,7 @@ class LlamaCppBatchEngine : public LlamaCppContext {
         !block_mismatch(block->bytes, n, block->first_position).empty())
       return false;
     // Moved in its bytes where kvfuse rotates this model's K; else llama.cpp shifts it after the restore.
-    const bool moved = c.shift() != 0 && shift_block(block->bytes, n, c.shift());
+    const bool moved = c.shift() != 0 && shift_block(block->bytes, n, block->first_position, c.shift());
     const std::int64_t first = moved ? c.range.begin : block->first_position;
     const llama_seq_id x = seq_scratch(), filler = seq_filler(r.region);
     const auto lo = static_cast<llama_pos>(c.range.begin), hi = static_cast<llama_pos>(c.range.end);

@@ -174,55 +174,32 @@ class LlamaCppContext {
     const auto pieces = static_cast<std::size_t>(n <= 0 ? 0 : (n - 1) / window_ + 1);
     return pieces * state_base_ + static_cast<std::size_t>(n) * state_per_row_;
   }
-  // Why `bytes` cannot be a stored block of n rows at positions first, first + 1, ... for this context (empty when
-  // it can): each piece read without llama.cpp (detail/llamacpp_state.hpp) — its size, magic, every cache's
-  // positions and the layer types and sizes measured at construction. What it leaves to the restore: free cells.
+  // Why `bytes` cannot be a stored block of n rows at positions first .. first + n − 1 for this context (empty when
+  // it can): each piece read without llama.cpp (detail/llamacpp_state.hpp) — its size, magic, the cache and layer
+  // types and sizes measured at construction, every cache's cells holding each of the piece's positions once (in
+  // any order: llama.cpp writes cells in the order of the cache, and a fragmented cache may hold a sequence's
+  // positions out of order). What it leaves to the restore: free cells.
   [[nodiscard]] std::string block_mismatch(std::span<const std::byte> bytes, std::int64_t n, std::int64_t first) const {
-    if (n <= 0 || bytes.size() != block_bytes(n))
-      return fmt::format("is {} bytes, not the {} of {} rows", bytes.size(), block_bytes(n), n);
-    std::size_t at = 0;
-    detail::SequenceStateShape shape;
-    for (std::int64_t done = 0; done < n; done += window_) {
-      const std::int64_t rows = std::min(window_, n - done);
-      const std::size_t size = block_bytes(rows);
-      if (std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape); !why.empty())
-        return fmt::format("is not a sequence state of this model and build: the piece at byte {} {}", at, why);
-      if (!same_layout(shape))
-        return fmt::format("is not a sequence state of this model and build: the piece at byte {} has magic 0x{:08x} "
-                           "and another cache or layer layout",
-                           at, shape.magic);
-      for (const detail::CacheState& cache : shape.caches) {
-        const std::vector<std::int32_t>& pos = cache.positions;
-        bool in_order = static_cast<std::int64_t>(pos.size()) == rows;
-        for (std::size_t i = 0; in_order && i < pos.size(); ++i)
-          in_order = pos[i] == first + done + static_cast<std::int64_t>(i);
-        if (!in_order)
-          return fmt::format("holds positions [{}, {}] in {} cells at byte {}, not [{}, {}]",
-                             pos.empty() ? -1 : pos.front(), pos.empty() ? -1 : pos.back(), pos.size(), at,
-                             first + done, first + done + rows - 1);
-      }
-      at += size;
-    }
-    return {};
+    std::vector<detail::SequenceStateShape> pieces;
+    return read_block(bytes, n, first, pieces);
   }
   // Whether shift_block moves blocks: kvfuse reads this model's RoPE (LlamaConfig of the same GGUF), the cache is
   // f16 or f32, and a block moved by it matched llama.cpp's own computation at the new positions at construction.
   [[nodiscard]] bool shifts_blocks() const noexcept { return rope_.has_value(); }
-  // Moves a stored block of n rows (block_mismatch empty) by delta positions in its bytes, piece by piece
+  // Moves a stored block of n rows at positions first, ... by delta positions in its bytes, piece by piece
   // (detail::move_sequence_state): restored, it sits at its new positions with K rotated there. llama.cpp's own
   // shift (llama_memory_seq_add) rotates K of every cell of the cache on every layer on the next decode, whatever
-  // it moved; this touches the block's rows alone. False, the bytes unchanged, when !shifts_blocks().
-  bool shift_block(std::span<std::byte> bytes, std::int64_t n, std::int64_t delta) const {
+  // it moved; this touches the block's rows alone. False, the bytes unchanged, when !shifts_blocks(); throws, the
+  // bytes unchanged, when block_mismatch has a reason.
+  bool shift_block(std::span<std::byte> bytes, std::int64_t n, std::int64_t first, std::int64_t delta) const {
     if (!rope_) return false;
+    std::vector<detail::SequenceStateShape> pieces;
+    if (const std::string why = read_block(bytes, n, first, pieces); !why.empty())
+      throw error(fmt::format("{}::shift_block: the block for positions [{}, {}] {}", who_, first, first + n - 1, why));
     std::size_t at = 0;
-    detail::SequenceStateShape shape;
-    for (std::int64_t done = 0; done < n; done += window_) {
-      const std::size_t size = block_bytes(std::min(window_, n - done));
-      const std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape);
-      kvfuse::detail::require(why.empty(), "{}::shift_block: the piece at byte {} {}", who_, at, why);
-      kvfuse::detail::require(same_layout(shape), "{}::shift_block: the piece at byte {} is not a state of this context", who_,
-                              at);
-      detail::move_sequence_state(bytes.subspan(at, size), shape, *rope_, delta);
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const std::size_t size = block_bytes(std::min(window_, n - static_cast<std::int64_t>(k) * window_));
+      detail::move_sequence_state(bytes.subspan(at, size), pieces[k], *rope_, delta);
       at += size;
     }
     return true;
@@ -362,7 +339,7 @@ class LlamaCppContext {
     std::optional<LlamaConfig> config;
     try {
       config = LlamaConfig::from_gguf(GGUFFile::open(gguf));
-    } catch (const kvfuse::error&) {
+    } catch (const std::exception&) {
       return;  // an architecture or RoPE kvfuse's CPU backend does not read
     }
     const llama_rope_type type = llama_model_rope_type(model_.get());
@@ -402,7 +379,7 @@ class LlamaCppContext {
     const std::vector<std::byte> there = state_at(kShiftProbe);
     detail::SequenceStateShape shape, expected;
     if (moved.size() != there.size() || !detail::read_sequence_state(moved, shape).empty() ||
-        !detail::read_sequence_state(there, expected).empty())
+        !detail::read_sequence_state(there, expected).empty() || !same_layout(shape) || !same_layout(expected))
       return;
     detail::move_sequence_state(moved, shape, rope, kShiftProbe);
     if (!detail::read_sequence_state(moved, shape).empty()) return;
@@ -422,6 +399,39 @@ class LlamaCppContext {
       }
     }
     rope_ = std::move(rope);
+  }
+
+  // block_mismatch, with each piece's shape in `pieces`.
+  std::string read_block(std::span<const std::byte> bytes, std::int64_t n, std::int64_t first,
+                         std::vector<detail::SequenceStateShape>& pieces) const {
+    if (n <= 0 || bytes.size() != block_bytes(n))
+      return fmt::format("is {} bytes, not the {} of {} rows", bytes.size(), block_bytes(n), n);
+    std::size_t at = 0;
+    std::vector<std::int32_t> sorted;
+    for (std::int64_t done = 0; done < n; done += window_) {
+      const std::int64_t rows = std::min(window_, n - done);
+      const std::size_t size = block_bytes(rows);
+      detail::SequenceStateShape& shape = pieces.emplace_back();
+      if (std::string why = detail::read_sequence_state(bytes.subspan(at, size), shape); !why.empty())
+        return fmt::format("is not a sequence state of this model and build: the piece at byte {} {}", at, why);
+      if (!same_layout(shape))
+        return fmt::format("is not a sequence state of this model and build: the piece at byte {} has magic 0x{:08x} "
+                           "and another cache or layer layout",
+                           at, shape.magic);
+      for (const detail::CacheState& cache : shape.caches) {
+        sorted = cache.positions;
+        std::sort(sorted.begin(), sorted.end());
+        bool each_once = static_cast<std::int64_t>(sorted.size()) == rows;
+        for (std::size_t i = 0; each_once && i < sorted.size(); ++i)
+          each_once = sorted[i] == first + done + static_cast<std::int64_t>(i);
+        if (!each_once)
+          return fmt::format("holds positions [{}, {}] in {} cells at byte {}, not each of [{}, {}] once",
+                             sorted.empty() ? -1 : sorted.front(), sorted.empty() ? -1 : sorted.back(), sorted.size(),
+                             at, first + done, first + done + rows - 1);
+      }
+      at += size;
+    }
+    return {};
   }
 
   // Whether a state read by detail::read_sequence_state has this context's magic, caches and layers.
