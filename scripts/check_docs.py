@@ -620,6 +620,13 @@ def check_llamacpp_block_shift(root):
                       f"{mean_of(qs, 'cachecraft@0.125-nofocus', 'kl_answer_mean'):.4f}"]
             expected[run.name] = cells
         page.compare(anchor, f"llamacpp.md §9, {sub}", expected)
+    # §7's script again on SmolLM2 with blocks moved in their bytes (results/llamacpp-cachecraft-bytes-2026-11-29/).
+    d = root / "docs/results/llamacpp-cachecraft-bytes-2026-11-29"
+    name = CACHECRAFT_LLAMACPP_MODELS["smollm2"]
+    page.compare(f"**{name} with blocks moved in their bytes, calibration**", f"llamacpp.md §9, {name} calibration",
+                 cachecraft_calibration_rows(load_json(d / "smollm2-calibration/results.json"), name, 0.30))
+    page.compare(f"**{name} with blocks moved in their bytes, judged**", f"llamacpp.md §9, {name} judged",
+                 llamacpp_rows(load_json(d / "smollm2-judged/results.json")["per_question"]))
 
 
 def server_arm_rows(run_dir, names):
