@@ -627,6 +627,9 @@ def check_llamacpp_block_shift(root):
                  cachecraft_calibration_rows(load_json(d / "smollm2-calibration/results.json"), name, 0.30))
     page.compare(f"**{name} with blocks moved in their bytes, judged**", f"llamacpp.md §9, {name} judged",
                  llamacpp_rows(load_json(d / "smollm2-judged/results.json")["per_question"]))
+    name = CACHECRAFT_LLAMACPP_MODELS["gemma3"]
+    page.compare(f"**{name} with blocks moved in their bytes, calibration**", f"llamacpp.md §9, {name} calibration",
+                 cachecraft_calibration_rows(load_json(d / "gemma3-calibration/results.json"), name, 0.30))
 
 
 def server_arm_rows(run_dir, names):
