@@ -292,12 +292,12 @@ class LlamaCppFusion : public LlamaCppContext {
   // pair, so that every cell belongs to two sequences whenever llama.cpp searches for free cells. Throws, the slot
   // dropped, when llama.cpp refuses a piece (not a state of this model and build, or no free cells) or the state
   // holds other positions.
-  void restore(std::string_view who, int slot, TokenRange r, std::span<const std::byte> bytes, std::int64_t first) {
+  void restore(int slot, TokenRange r, std::span<const std::byte> bytes, std::int64_t first) {
     const llama_seq_id x = scratch_seq(slot);
     std::size_t at = 0;
     for (std::int64_t done = 0; done < r.size(); done += window_) {
       const std::size_t size = block_bytes(std::min(window_, r.size() - done));
-      const int piece = take_scratch(who);
+      const int piece = take_scratch("prefill");
       const llama_seq_id y = scratch_seq(piece);
       const std::size_t read = llama_state_seq_set_data(
           ctx_.get(), reinterpret_cast<const std::uint8_t*>(bytes.data()) + at, size, y);
@@ -309,18 +309,18 @@ class LlamaCppFusion : public LlamaCppContext {
       drop_scratch(piece);
       if (read != size) {
         drop_scratch(slot);
-        throw error(fmt::format("LlamaCppFusion::{}: llama.cpp refused the stored block for rows {} ({} of {} bytes of "
+        throw error(fmt::format("LlamaCppFusion::prefill: llama.cpp refused the stored block for rows {} ({} of {} bytes of "
                                 "the piece at byte {} read): not a sequence state of this model and build, or no free "
                                 "cells in a context of {} (LlamaCppOptions::n_ctx)",
-                                who, r, read, size, at, options_.n_ctx));
+                                r, read, size, at, options_.n_ctx));
       }
       at += size;
     }
     const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
     if (lo != first || hi != first + r.size() - 1) {
       drop_scratch(slot);
-      throw error(fmt::format("LlamaCppFusion::{}: the stored block for rows {} holds positions [{}, {}], not [{}, {}]",
-                              who, r, lo, hi, first, first + r.size() - 1));
+      throw error(fmt::format("LlamaCppFusion::prefill: the stored block for rows {} holds positions [{}, {}], not [{}, {}]",
+                              r, lo, hi, first, first + r.size() - 1));
     }
   }
 
@@ -330,7 +330,7 @@ class LlamaCppFusion : public LlamaCppContext {
     while (!deferred_.empty() && deferred_.front().rows.begin < end) {
       const Deferred& d = deferred_.front();
       const int slot = take_scratch("prefill");
-      restore("prefill", slot, d.rows, d.bytes, d.stored_first);
+      restore(slot, d.rows, d.bytes, d.stored_first);
       const llama_seq_id x = scratch_seq(slot);
       if (d.first != d.stored_first) {
         llama_memory_seq_add(mem_, x, static_cast<llama_pos>(d.stored_first),

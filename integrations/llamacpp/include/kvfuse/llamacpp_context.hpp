@@ -384,12 +384,15 @@ class LlamaCppContext {
     detail::move_sequence_state(moved, shape, rope, kShiftProbe);
     if (!detail::read_sequence_state(moved, shape).empty()) return;
     const std::int64_t width = config->n_head_kv * config->head_dim;
-    std::vector<float> a(static_cast<std::size_t>(width)), b(a.size());
+    std::vector<float> a, b;
+    std::vector<ggml_fp16_t> halves;
     for (std::size_t c = 0; c < shape.caches.size(); ++c) {
       if (shape.caches[c].positions != expected.caches[c].positions) return;
       for (std::size_t l = 0; l < shape.caches[c].k_at.size(); ++l) {
-        read_row(moved, shape.caches[c].k_at[l], a);
-        read_row(there, expected.caches[c].k_at[l], b);
+        detail::load_values(moved.data() + shape.caches[c].k_at[l], options_.kv_type, static_cast<std::size_t>(width),
+                            a, halves);
+        detail::load_values(there.data() + expected.caches[c].k_at[l], options_.kv_type,
+                            static_cast<std::size_t>(width), b, halves);
         float scale = 0, worst = 0;
         for (std::size_t i = 0; i < a.size(); ++i) {
           scale = std::max(scale, std::abs(b[i]));
@@ -442,19 +445,9 @@ class LlamaCppContext {
     return true;
   }
 
-  // One K row (f16 or f32) of a state, as floats.
-  void read_row(std::span<const std::byte> bytes, std::size_t at, std::vector<float>& out) const {
-    if (options_.kv_type == GGML_TYPE_F32) {
-      std::memcpy(out.data(), bytes.data() + at, out.size() * 4);
-      return;
-    }
-    std::vector<ggml_fp16_t> halves(out.size());
-    std::memcpy(halves.data(), bytes.data() + at, out.size() * 2);
-    ggml_fp16_to_fp32_row(halves.data(), out.data(), static_cast<std::int64_t>(out.size()));
-  }
 
-  // The probe's move, and how far the moved K may lie from llama.cpp's (of the row's largest value): f16 rounds
-  // twice (llama.cpp's rotated value and kvfuse's), 2^-10 each; llama.cpp forms the angle in float.
+  // The probe's move, and how far the moved K may lie from llama.cpp's (of the row's largest value): the same
+  // angles, but f16 rounds twice (kvfuse's rotated value, and llama.cpp's at 0 before it), 2^-10 each.
   static constexpr std::int64_t kShiftProbe = 1000;
   static constexpr float kShiftTolerance = 4e-3f;
 };

@@ -142,6 +142,29 @@ inline void ggml_rope_angles(const LayerRope& rope, std::int64_t head_dim, std::
   }
 }
 
+// `count` K values of type f16 or f32 at `k` as floats, and back.
+inline void load_values(const std::byte* k, ggml_type type, std::size_t count, std::vector<float>& out,
+                        std::vector<ggml_fp16_t>& halves) {
+  out.resize(count);
+  if (type == GGML_TYPE_F32) {
+    std::memcpy(out.data(), k, count * 4);
+    return;
+  }
+  halves.resize(count);
+  std::memcpy(halves.data(), k, count * 2);
+  ggml_fp16_to_fp32_row(halves.data(), out.data(), static_cast<std::int64_t>(count));
+}
+inline void store_values(std::byte* k, ggml_type type, const std::vector<float>& values,
+                         std::vector<ggml_fp16_t>& halves) {
+  if (type == GGML_TYPE_F32) {
+    std::memcpy(k, values.data(), values.size() * 4);
+    return;
+  }
+  halves.resize(values.size());
+  ggml_fp32_to_fp16_row(values.data(), halves.data(), static_cast<std::int64_t>(values.size()));
+  std::memcpy(k, halves.data(), values.size() * 2);
+}
+
 // Moves the sequence state `bytes` (read into `shape`) by delta positions: every cell's position, and every layer's
 // K rotated by delta's angles on each head. RoPE composes (R(φ + δ) = R(δ) R(φ)), so K at position p becomes K at
 // p + delta up to the rounding of one rotation, as llama.cpp's own K shift computes it (the same angles, the
@@ -149,7 +172,6 @@ inline void ggml_rope_angles(const LayerRope& rope, std::int64_t head_dim, std::
 inline void move_sequence_state(std::span<std::byte> bytes, const SequenceStateShape& shape, const StateRope& rope,
                                 std::int64_t delta) {
   const std::int64_t width = rope.n_head_kv * rope.head_dim;
-  const std::size_t element = rope.k_type == GGML_TYPE_F16 ? 2 : 4;
   std::vector<float> cos_phi(static_cast<std::size_t>(rope.head_dim / 2)), sin_phi(cos_phi.size());
   std::vector<float> rows;
   std::vector<ggml_fp16_t> halves;
@@ -163,25 +185,12 @@ inline void move_sequence_state(std::span<std::byte> bytes, const SequenceStateS
     if (n == 0) continue;
     for (std::size_t l = 0; l < cache.k_at.size(); ++l) {
       ggml_rope_angles(rope.layers[c][l], rope.head_dim, delta, cos_phi.data(), sin_phi.data());
-      const auto count = static_cast<std::size_t>(n * width);
       std::byte* k = bytes.data() + cache.k_at[l];
-      rows.resize(count);
-      if (element == 2) {
-        halves.resize(count);
-        std::memcpy(halves.data(), k, count * 2);
-        ggml_fp16_to_fp32_row(halves.data(), rows.data(), static_cast<std::int64_t>(count));
-      } else {
-        std::memcpy(rows.data(), k, count * 4);
-      }
+      load_values(k, rope.k_type, static_cast<std::size_t>(n * width), rows, halves);
       for (std::int64_t h = 0; h < n * rope.n_head_kv; ++h)
         kvfuse::detail::rope_rotate_head(rows.data() + h * rope.head_dim, rope.head_dim, rope.pairing, cos_phi.data(),
                                          sin_phi.data());
-      if (element == 2) {
-        ggml_fp32_to_fp16_row(rows.data(), halves.data(), static_cast<std::int64_t>(count));
-        std::memcpy(k, halves.data(), count * 2);
-      } else {
-        std::memcpy(k, rows.data(), count * 4);
-      }
+      store_values(k, rope.k_type, rows, halves);
     }
   }
 }
