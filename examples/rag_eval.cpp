@@ -245,7 +245,7 @@ Options parse(int argc, char** argv) {
                            (craft != nullptr && craft->focus_termination);
     kvfuse::require(o.engine != "llamacpp" || !per_layer,
                             "--methods: '{}' changes the recomputed set per layer, which llama.cpp cannot (one set for "
-                            "every layer: full, prefix, naive, attnlink[@k], cachecraft[@alpha]-nofocus)",
+                            "every layer: full, prefix, naive, attnlink[@k], cachecraft[@alpha]-nofocus[-cover])",
                             m);
   }
   kvfuse::require(o.engine != "llamacpp" || (!o.calibrated && o.store_dtype == kvfuse::DType::f32),

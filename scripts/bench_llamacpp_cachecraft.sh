@@ -7,7 +7,8 @@
 # not run again (kvfuse-rag-eval writes it after each question, so an interrupted run is redone).
 # About 90 minutes on the 2-core VM (SmolLM2: 6 of calibration, 56 judged; Gemma 3: 3 and 24).
 #   OUT (build/bench-llamacpp-cachecraft), MODELS ("smollm2 gemma3"), ALPHAS ("0.5 0.25 0.125"), BUDGET (0.30),
-#   CAL_START (20), CAL_LIMIT (2), START (0), LIMIT (20)
+#   CAL_START (20), CAL_LIMIT (2), START (0), LIMIT (20), SUFFIX ("", or "-cover": Cache-Craft with prefix coverage,
+#   cachecraft@α-nofocus-cover)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -22,7 +23,7 @@ mkdir -p "$out"
 complete() { [ -f "$1/results.json" ] && python3 -c "import json,sys; sys.exit(json.load(open('$1/results.json'))['questions'] != $2)"; }
 for model in ${MODELS:-smollm2 gemma3}; do
   methods=full,naive
-  for a in $alphas; do methods+=",cachecraft@$a-nofocus"; done
+  for a in $alphas; do methods+=",cachecraft@$a-nofocus${SUFFIX:-}"; done
   if ! complete "$out/$model-calibration" "${CAL_LIMIT:-2}"; then
     echo "bench_llamacpp_cachecraft.sh: $model, calibration questions" >&2
     "$bin" --engine llamacpp --model "$model" --data "$data" --start "${CAL_START:-20}" --limit "${CAL_LIMIT:-2}" \

@@ -511,7 +511,7 @@ def check_llamacpp_run_cost(root):
     page.compare("| run_cost_rows | TTFT × full prefill", "llamacpp.md, merged runs", expected)
 
 
-CACHECRAFT_ALPHA = re.compile(r"^cachecraft@([0-9.]+)-nofocus$")
+CACHECRAFT_ALPHA = re.compile(r"^cachecraft@([0-9.]+)-nofocus(-cover)?$")
 
 
 def choose_alpha(results, budget):

@@ -271,6 +271,46 @@ TEST_CASE("cci: CCIScorer scores C3 behind new prefixes") {
   }
 }
 
+TEST_CASE("cci: prefix coverage scales beta by the share of the current prefix the stored prefix held") {
+  const CCIScorer paper;
+  const CCIScorer covered{CCIScorerConfig{1.0, true}};
+  const ChunkProfile p2 = paper.profile(example_stats(), 1);  // stored behind C1
+  const ChunkProfile p3 = paper.profile(example_stats(), 2);  // stored behind C1 C2
+
+  SUBCASE("stored behind C1, now behind C1 44 55: eq. 6 alone says beta = 1 and recomputes nothing") {
+    const ChunkScore alone = paper.score(p2, Ids{kC1, 44, 55});
+    CHECK(alone.beta == 1.0);
+    CHECK(alone.coverage == 1.0);
+    CHECK(alone.cfo == 0.0);
+    const ChunkScore s = covered.score(p2, Ids{kC1, 44, 55});
+    CHECK(s.coverage == doctest::Approx(1.0 / 3.0));
+    CHECK(s.beta == doctest::Approx(1.0 / 3.0));
+    CHECK(s.gamma == 0.0);
+    CHECK(s.cfo == doctest::Approx(2.0 / 3.0));  // CCI(C2) = 1
+    CHECK(s.num_recompute == 1);                 // ceil(2/3) of its one token
+  }
+  SUBCASE("the stored prefix, and a part of it: coverage 1, the paper's score exactly") {
+    for (const Ids& prefix : {Ids{kC1, kC2}, Ids{kC1}, Ids{}}) {
+      const ChunkScore a = paper.score(p3, prefix);
+      const ChunkScore b = covered.score(p3, prefix);
+      CHECK(b.coverage == 1.0);
+      CHECK(b.beta == a.beta);
+      CHECK(b.cfo == a.cfo);
+      CHECK(b.recompute == a.recompute);
+    }
+  }
+  SUBCASE("C1 shared, C2 replaced by 44: beta = 1.2/1.9 times 1/2") {
+    const ChunkScore s = covered.score(p3, Ids{kC1, 44});
+    CHECK(s.coverage == 0.5);
+    CHECK(s.beta == doctest::Approx(6.0 / 19.0));
+    CHECK(s.cfo == doctest::Approx(kCci3 * 13.0 / 19.0));
+    CHECK(s.num_recompute == 2);  // ceil(1.37) where the paper's score recomputes 1
+  }
+  CHECK(kvfuse::prefix_coverage(Ids{kC1}, Ids{kC1, 44, 55, 66}) == 0.25);
+  CHECK_THROWS_WITH_AS((void)kvfuse::prefix_coverage(Ids{kC1}, Ids{44, 44}), doctest::Contains("appears more than once"),
+                       kvfuse::error);
+}
+
 TEST_CASE("cci: whole prompts — same prompt twice, 100% hit with reordered chunks, empty prefix") {
   const CCIScorer scorer;
   const auto profiles = scorer.profile(example_stats());

@@ -52,8 +52,13 @@ namespace fs = std::filesystem;
 
 TEST_CASE("method names: defaults are bare, sweep points are name@value, bad names are refused") {
   for (const char* name : {"full", "prefix", "naive", "cacheblend", "attnlink", "cachecraft", "cacheblend@0.05",
-                           "attnlink@4", "cachecraft@2", "cachecraft-nofocus", "cachecraft@0.5-nofocus"})
+                           "attnlink@4", "cachecraft@2", "cachecraft-nofocus", "cachecraft@0.5-nofocus",
+                           "cachecraft-cover", "cachecraft@0.125-nofocus-cover"})
     CHECK(method_name(parse_method(name)) == name);
+  CHECK(std::get<CacheCraft>(parse_method("cachecraft@0.125-nofocus-cover")).scoring().prefix_coverage);
+  CHECK_FALSE(std::get<CacheCraft>(parse_method("cachecraft@0.125-nofocus")).scoring().prefix_coverage);
+  CHECK(error_of([] { (void)parse_method("cachecraft-cover-nofocus"); }).find("unknown fusion method") !=
+        std::string::npos);
   CHECK(method_name(parse_method("cacheblend@0.15")) == "cacheblend");
   CHECK(std::get<CacheBlend>(parse_method("cacheblend@0.3")).config.recompute_ratio == 0.3);
   // Gradual filtering margins shrink so that r + margin stays <= 1.

@@ -69,7 +69,7 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
   CHECK(cache.num_chunks() == 1);
 
   SUBCASE("same prefix as V1: V1 CFO 0, V2 CFO 0.6") {
-    const auto m = cache.best(kX, Ids{1, 2}, kAlpha);
+    const auto m = cache.best(kX, Ids{1, 2}, {kAlpha});
     REQUIRE(m);
     CHECK(m->variant_id == r1.variant_id);
     CHECK(m->kv == key(1));
@@ -77,13 +77,13 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
     CHECK(m->score.recompute.empty());
   }
   SUBCASE("[3, 1]: V1 beta 0.5 -> CFO 0.4; V2 beta 1 -> CFO 0") {
-    const auto m = cache.best(kX, Ids{3, 1}, kAlpha);
+    const auto m = cache.best(kX, Ids{3, 1}, {kAlpha});
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
     CHECK(m->score.beta == 1.0);
   }
   SUBCASE("[2, 1]: V1 beta 1 but gamma 1 -> CFO 0.8; V2 CFO 0.6 -> N = 6") {
-    const auto m = cache.best(kX, Ids{2, 1}, kAlpha);
+    const auto m = cache.best(kX, Ids{2, 1}, {kAlpha});
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
     CHECK(m->score.cfo == doctest::Approx(0.6));
@@ -91,7 +91,7 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
     CHECK(m->score.recompute == TokenSet{4, 5, 6, 7, 8, 9});  // first 6 of the ranking 9, 8, ..., 0
   }
   SUBCASE("[1]: V1 beta 0.5 -> CFO 0.4, N = 4; V2 CFO 0.6") {
-    const auto m = cache.best(kX, Ids{1}, kAlpha);
+    const auto m = cache.best(kX, Ids{1}, {kAlpha});
     REQUIRE(m);
     CHECK(m->variant_id == r1.variant_id);
     CHECK(m->score.beta == doctest::Approx(0.5));
@@ -99,13 +99,13 @@ TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
     CHECK(m->score.recompute == TokenSet{6, 7, 8, 9});
   }
   SUBCASE("empty prefix (first chunk): V1 CFO 0.8, V2 CFO 0.6") {
-    const auto m = cache.best(kX, Ids{}, kAlpha);
+    const auto m = cache.best(kX, Ids{}, {kAlpha});
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
   }
   SUBCASE("a chunk without variants is a miss") {
-    CHECK_FALSE(cache.best(555, Ids{}, kAlpha).has_value());
-    CHECK_FALSE(cache.lookup(555, Ids{}, kAlpha).has_value());
+    CHECK_FALSE(cache.best(555, Ids{}, {kAlpha}).has_value());
+    CHECK_FALSE(cache.lookup(555, Ids{}, {kAlpha}).has_value());
   }
 }
 
@@ -117,22 +117,22 @@ TEST_CASE("variant cache: alpha is the caller's; it scales CFO and N but never c
   // Behind [3]: V2 matches exactly (CFO 0 at any alpha); V1 has beta 0 -> CFO = alpha * 0.8.
   for (double alpha : {0.0, 0.5, 1.0, 3.0}) {
     CAPTURE(alpha);
-    const auto m = cache.best(kX, Ids{3}, alpha);
+    const auto m = cache.best(kX, Ids{3}, {alpha});
     REQUIRE(m);
     CHECK(m->variant_id == r2.variant_id);
   }
   // Behind [1]: V1 beta 0.5 -> CFO = alpha * 0.4; V2 beta 0 -> alpha * 0.6. Alpha 0 still picks V1.
   for (double alpha : {0.0, 0.5, 2.0}) {
     CAPTURE(alpha);
-    const auto m = cache.best(kX, Ids{1}, alpha);
+    const auto m = cache.best(kX, Ids{1}, {alpha});
     REQUIRE(m);
     CHECK(m->variant_id == r1.variant_id);
     CHECK(m->score.cfo == doctest::Approx(alpha * 0.4));
     CHECK(m->score.num_recompute == std::min<std::int64_t>(10, static_cast<std::int64_t>(std::ceil(alpha * 4.0 - 1e-9))));
   }
-  CHECK_THROWS_WITH_AS((void)cache.best(kX, Ids{1}, -0.5), doctest::Contains("alpha = -0.5"), kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)cache.best(kX, Ids{1}, {-0.5}), doctest::Contains("alpha = -0.5"), kvfuse::error);
   // record_use: what lookup() adds, for a match a request used after planning with best().
-  const auto m = cache.best(kX, Ids{1}, 1.0);
+  const auto m = cache.best(kX, Ids{1}, {1.0});
   CHECK(cache.record_use(m->variant_id, m->score.cfo) == doctest::Approx(2.5));
   CHECK_THROWS_WITH_AS((void)cache.record_use(999, 0.5), doctest::Contains("no variant 999"), kvfuse::error);
 }
@@ -141,7 +141,7 @@ TEST_CASE("variant cache: CFO ties go to the oldest variant") {
   VariantCache cache;
   const auto first = cache.insert(make_profile(5, 4, {1}, {1.0}, 0.5), key(1));
   cache.insert(make_profile(5, 4, {2}, {1.0}, 0.5), key(2));
-  const auto m = cache.best(5, Ids{9}, kAlpha);  // both: beta 0 -> CFO 0.5
+  const auto m = cache.best(5, Ids{9}, {kAlpha});  // both: beta 0 -> CFO 0.5
   REQUIRE(m);
   CHECK(m->variant_id == first.variant_id);
 }
@@ -153,15 +153,15 @@ TEST_CASE("variant cache: f_r += 1/CFO on lookup, capped for CFO = 0; best() doe
   const auto r1 = cache.insert(make_profile(100, 10, {1, 2}, {1.0, 1.0}, 0.8), key(1));
   cache.insert(make_profile(100, 10, {3}, {2.0}, 0.6), key(2));
 
-  auto m = cache.lookup(100, Ids{1}, kAlpha);  // V1, CFO 0.4 -> +2.5
+  auto m = cache.lookup(100, Ids{1}, {kAlpha});  // V1, CFO 0.4 -> +2.5
   REQUIRE(m);
   CHECK(m->variant_id == r1.variant_id);
   CHECK(m->reuse_frequency == doctest::Approx(2.5));
-  m = cache.lookup(100, Ids{1}, kAlpha);
+  m = cache.lookup(100, Ids{1}, {kAlpha});
   CHECK(m->reuse_frequency == doctest::Approx(5.0));
-  (void)cache.best(100, Ids{1, 2}, kAlpha);
+  (void)cache.best(100, Ids{1, 2}, {kAlpha});
   CHECK(cache.entries()[0].reuse_frequency == doctest::Approx(5.0));
-  m = cache.lookup(100, Ids{1, 2}, kAlpha);  // exact match: CFO 0 -> capped bonus 100
+  m = cache.lookup(100, Ids{1, 2}, {kAlpha});  // exact match: CFO 0 -> capped bonus 100
   CHECK(m->score.cfo == 0.0);
   CHECK(m->reuse_frequency == doctest::Approx(105.0));
 
@@ -196,7 +196,7 @@ TEST_CASE("variant cache: a full cache evicts the lowest f_r, ties to the oldest
     CHECK(cache.size() == 2);
   }
   SUBCASE("the used variant survives, the unused one goes; a new variant is the next victim until used") {
-    REQUIRE(cache.lookup(1, Ids{9}, kAlpha));  // chunk 1: beta 0 -> CFO 0.5 -> f_r 2
+    REQUIRE(cache.lookup(1, Ids{9}, {kAlpha}));  // chunk 1: beta 0 -> CFO 0.5 -> f_r 2
     const auto r = cache.insert(make_profile(3, 4, {}, {}, 0.5), key(3));
     REQUIRE(r.evicted.size() == 1);
     CHECK(r.evicted[0].profile.chunk_id == 2);
@@ -269,7 +269,7 @@ TEST_CASE("variant cache with CCIScorer: same prompt twice, and a 100% hit with 
   SUBCASE("same prompt twice: beta = 1, gamma = 0, CFO = 0, no tokens, f_r gets the capped bonus") {
     const Ids prompt{kA, kB, kC};
     for (std::size_t i = 0; i < prompt.size(); ++i) {
-      const auto m = cache.lookup(prompt[i], Ids(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(i)), kAlpha);
+      const auto m = cache.lookup(prompt[i], Ids(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(i)), {kAlpha});
       REQUIRE(m);
       CHECK(m->kv == key(prompt[i]));
       CHECK(m->score.beta == 1.0);
@@ -281,16 +281,16 @@ TEST_CASE("variant cache with CCIScorer: same prompt twice, and a 100% hit with 
     }
   }
   SUBCASE("100% hit, reordered [B, A, C]") {
-    const auto b = cache.lookup(kB, Ids{}, kAlpha);  // B first now: stored prefix [A] gone -> CFO = CCI(B) = 1
+    const auto b = cache.lookup(kB, Ids{}, {kAlpha});  // B first now: stored prefix [A] gone -> CFO = CCI(B) = 1
     REQUIRE(b);
     CHECK(b->score.cfo == 1.0);
     CHECK(b->score.recompute == TokenSet{0});
-    const auto a = cache.lookup(kA, Ids{kB}, kAlpha);  // A was first, now behind B: beta 0 -> CFO = 0.5 -> 1 of 2
+    const auto a = cache.lookup(kA, Ids{kB}, {kAlpha});  // A was first, now behind B: beta 0 -> CFO = 0.5 -> 1 of 2
     REQUIRE(a);
     CHECK(a->score.cfo == 0.5);
     CHECK(a->score.recompute == TokenSet{0});
     CHECK(a->reuse_frequency == doctest::Approx(2.0));
-    const auto c = cache.lookup(kC, Ids{kB, kA}, kAlpha);  // beta 1, gamma 1 -> CFO = CCI(C) -> ceil(1.94) = 2
+    const auto c = cache.lookup(kC, Ids{kB, kA}, {kAlpha});  // beta 1, gamma 1 -> CFO = CCI(C) -> ceil(1.94) = 2
     REQUIRE(c);
     CHECK(c->score.gamma == 1.0);
     CHECK(c->score.cfo == doctest::Approx(cci_c));
@@ -328,9 +328,9 @@ TEST_CASE("variant cache: bad config and bad input throw kvfuse::error naming th
                        doctest::Contains("chunk 0x1 has 5 tokens but its stored variants have 4"), error);
   CHECK_THROWS_WITH_AS(cache.insert(make_profile(2, 4, {2}, {1.0}, 0.5), key(2)),
                        doctest::Contains("appears in its own stored prefix"), error);
-  CHECK_THROWS_WITH_AS((void)cache.lookup(1, Ids{1}, kAlpha), doctest::Contains("chunk 0x1 appears in its own current prefix"),
+  CHECK_THROWS_WITH_AS((void)cache.lookup(1, Ids{1}, {kAlpha}), doctest::Contains("chunk 0x1 appears in its own current prefix"),
                        error);
-  CHECK_THROWS_WITH_AS((void)cache.best(1, Ids{4, 4}, kAlpha), doctest::Contains("chunk id 0x4 appears more than once"), error);
+  CHECK_THROWS_WITH_AS((void)cache.best(1, Ids{4, 4}, {kAlpha}), doctest::Contains("chunk id 0x4 appears more than once"), error);
   CHECK(cache.size() == 1);
 }
 
@@ -343,7 +343,7 @@ TEST_CASE("variant cache: erase removes one variant, its KV key and, with the la
   CHECK(cache.erase(b.variant_id));
   CHECK_FALSE(cache.erase(b.variant_id));
   CHECK(cache.size() == 1);
-  CHECK(cache.best(kX, Ids{3}, kAlpha)->variant_id == a.variant_id);  // the only one left
+  CHECK(cache.best(kX, Ids{3}, {kAlpha})->variant_id == a.variant_id);  // the only one left
   CHECK(cache.insert(make_profile(kX, 10, {4}, {2.0}, 0.6), key(2)).inserted);  // its KV key is free again
   CHECK(cache.erase(a.variant_id));
   CHECK(cache.contains(kX));

@@ -5,8 +5,9 @@
 // (section 3.3, Fig. 18). The cache maps a chunk's content hash to its variants; each variant keeps the
 // ChunkProfile computed by CCIScorer (stored prefix with its inter attention, CCI, ordered recompute-token
 // list) and the KVKey under which the engine's KVStore holds its KV bytes (the cache owns no KV).
-//   lookup(chunk, current prefix, α): scores every variant against the current prefix (β, γ, β', CFO: eq. 6-8,
-//     12, with the α of the method asking: α lives on the method, CacheCraft::alpha) and returns the one with the lowest CFO with its N = ⌈CFO · |C|⌉ tokens to recompute (eq. 14);
+//   lookup(chunk, current prefix, scoring): scores every variant against the current prefix (β, γ, β', CFO:
+//     eq. 6-8, 12, with the CCIScorerConfig of the method asking: α lives on the method, CacheCraft::alpha) and
+//     returns the one with the lowest CFO with its N = ⌈CFO · |C|⌉ tokens to recompute (eq. 14);
 //     the chosen variant's reuse frequency grows by f_r += 1/CFO.
 //   insert(profile, kv): adds a variant for a new (chunk, prefix) pair; when the cache holds N × M variants
 //     the variant with the lowest f_r is evicted first and returned so the engine can erase its KV.
@@ -177,20 +178,20 @@ class VariantCache {
   }
 
   // The variant of `chunk` with the lowest CFO behind `current_prefix` (ids of the chunks before it in the
-  // new prompt, in order), scored with the α (eq. 12) of the method asking; nullopt when the chunk has no
+  // new prompt, in order), scored with the α (eq. 12) and β of the method asking; nullopt when the chunk has no
   // variant. The choice does not depend on α (CFO = α · CCI · (1 − β'): the lowest CCI · (1 − β') wins).
   // Does not change f_r.
   [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
-                                                 double alpha) const {
+                                                 const CCIScorerConfig& scoring) const {
     std::lock_guard lock(mutex_);
-    return best_locked(chunk, current_prefix, alpha);
+    return best_locked(chunk, current_prefix, scoring);
   }
 
   // best(), and records the access: f_r += 1/CFO of the chosen variant (capped, section 3.3).
   std::optional<VariantMatch> lookup(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
-                                     double alpha) {
+                                     const CCIScorerConfig& scoring) {
     std::lock_guard lock(mutex_);
-    std::optional<VariantMatch> m = best_locked(chunk, current_prefix, alpha);
+    std::optional<VariantMatch> m = best_locked(chunk, current_prefix, scoring);
     if (m) m->reuse_frequency = record_use_locked(m->variant_id, m->score.cfo);
     return m;
   }
@@ -238,10 +239,10 @@ class VariantCache {
 
  private:
   std::optional<VariantMatch> best_locked(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
-                                          double alpha) const {
+                                          const CCIScorerConfig& scoring) const {
     const auto it = chunks_.find(chunk);
     if (it == chunks_.end()) return std::nullopt;
-    auto [index, score] = choose(it->second, current_prefix, alpha);
+    auto [index, score] = choose(it->second, current_prefix, scoring);
     const VariantEntry& v = it->second[index];
     return VariantMatch{v.id, v.kv, std::move(score), v.reuse_frequency};
   }
@@ -263,13 +264,13 @@ class VariantCache {
   // leaves CFO ties with the oldest. Every variant gets β, γ, β' and CFO (eq. 6-8, 12); only the winner gets
   // its N and recompute TokenSet (eq. 14).
   std::pair<std::size_t, ChunkScore> choose(const std::vector<VariantEntry>& variants,
-                                            std::span<const std::uint64_t> current_prefix, double alpha) const {
-    detail::require_finite_nonneg(alpha, "VariantCache: alpha");
+                                            std::span<const std::uint64_t> current_prefix,
+                                            const CCIScorerConfig& scoring) const {
     // Ranked by the CFO at α = 1, so that α = 0 (every CFO 0) still picks the best-matching variant.
     const auto unscaled = [](const ChunkScore& s) { return cache_fix_overhead(s.cci, s.beta_adjusted, 1.0); };
-    std::pair<std::size_t, ChunkScore> out{0, detail::score_cfo(variants[0].profile, current_prefix, alpha)};
+    std::pair<std::size_t, ChunkScore> out{0, detail::score_cfo(variants[0].profile, current_prefix, scoring)};
     for (std::size_t k = 1; k < variants.size(); ++k) {
-      ChunkScore s = detail::score_cfo(variants[k].profile, current_prefix, alpha);
+      ChunkScore s = detail::score_cfo(variants[k].profile, current_prefix, scoring);
       if (unscaled(s) < unscaled(out.second)) out = {k, std::move(s)};
     }
     detail::fill_recompute(out.second, variants[out.first].profile);

@@ -16,7 +16,8 @@
 //   CacheCraft      chunk caches computed in context (variants from earlier prompts, VariantCache); per chunk
 //                   the N = ceil(CFO · |C|) tokens with the most attention to earlier chunks (Cache-Craft
 //                   eq. 12, 14); recomputation of unfocused chunks stops at the layer L* of Algorithm 1
-//                   (FocusedChunkDetector).
+//                   (FocusedChunkDetector). "-cover": β also scaled by the share of the current prefix the
+//                   variant's prefix held (CCIScorerConfig::prefix_coverage, kvfuse's extension of eq. 6).
 //   QueryAware      isolated caches; CacheBlend's schedule, but check layers keep the tokens the query rows
 //                   attend to most, optionally mixed with the KV deviation (QueryAwareSelector). kvfuse's
 //                   variant of the idea of ProphetKV (2026), not a reimplementation of that paper.
@@ -38,7 +39,8 @@
 // "queryprobe" for the default settings (r = 0.15, k = 16, alpha = 1, lambda = 1) and "name@value" otherwise
 // ("cacheblend@auto": the loading controller picks r). QueryAware takes r and the mix lambda: "queryaware@0.2"
 // (lambda = 1), "queryaware@0.15:0.5" (r = 0.15, lambda = 0.5; lambda is written only when it is not 1); QueryProbe
-// r: "queryprobe@0.3". parse_method() reads every one of these.
+// r: "queryprobe@0.3". Cache-Craft adds "-nofocus" without focus termination and "-cover" with prefix coverage, in
+// that order: "cachecraft@0.125-nofocus-cover". parse_method() reads every one of these.
 
 #include <algorithm>
 #include <charconv>
@@ -56,6 +58,7 @@
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/types.hpp"
 #include "kvfuse/select/attnlink_boundary.hpp"
+#include "kvfuse/select/cci_scorer.hpp"
 #include "kvfuse/select/focused_chunk_detector.hpp"
 #include "kvfuse/select/hkvd_selector.hpp"
 
@@ -84,6 +87,10 @@ struct CacheCraft {
   double alpha = 1.0;                  // eq. 12
   FocusedChunkConfig focus{};          // Algorithm 1 window w
   bool focus_termination = true;       // stop recomputing unfocused chunks at L* (section 3.2.2)
+  bool prefix_coverage = false;        // β scaled by the prefix coverage κ (CCIScorerConfig::prefix_coverage)
+
+  // How VariantCache scores this method's variants (eq. 6-8, 12).
+  [[nodiscard]] CCIScorerConfig scoring() const noexcept { return {alpha, prefix_coverage}; }
 };
 // Query-aware selection, inspired by ProphetKV (2026), which recomputes the tokens the query will attend to
 // rather than those whose KV deviates most. This is kvfuse's variant, not a reimplementation of that paper: on
@@ -153,7 +160,8 @@ template <class Method>
     }
     std::string operator()(const CacheCraft& c) const {
       std::string s = c.alpha == 1.0 ? "cachecraft" : "cachecraft@" + detail::format_setting(c.alpha);
-      return c.focus_termination ? s : s + "-nofocus";
+      if (!c.focus_termination) s += "-nofocus";
+      return c.prefix_coverage ? s + "-cover" : s;
     }
     std::string operator()(const QueryAware& q) const {
       const double r = q.config.recompute_ratio;
@@ -170,8 +178,8 @@ template <class Method>
   return std::visit(Visitor{}, m);
 }
 
-// Reads a method name: full, prefix, naive, cacheblend[@r|@auto], attnlink[@k], cachecraft[@alpha][-nofocus],
-// queryaware[@r[:lambda]], queryprobe[@r].
+// Reads a method name: full, prefix, naive, cacheblend[@r|@auto], attnlink[@k],
+// cachecraft[@alpha][-nofocus][-cover], queryaware[@r[:lambda]], queryprobe[@r].
 [[nodiscard]] inline FusionMethod parse_method(std::string_view text) {
   const std::size_t at = text.find('@');
   std::string_view name = text.substr(0, at);
@@ -205,6 +213,10 @@ template <class Method>
   if (text.starts_with("cachecraft")) {
     CacheCraft c;
     std::string_view rest = text.substr(std::string_view("cachecraft").size());
+    if (rest.ends_with("-cover")) {
+      c.prefix_coverage = true;
+      rest.remove_suffix(std::string_view("-cover").size());
+    }
     if (rest.ends_with("-nofocus")) {
       c.focus_termination = false;
       rest.remove_suffix(std::string_view("-nofocus").size());
@@ -240,7 +252,7 @@ template <class Method>
     return p;
   }
   throw error(fmt::format("unknown fusion method '{}' (expected full, prefix, naive, cacheblend[@r|@auto], "
-                          "attnlink[@k], cachecraft[@alpha][-nofocus], queryaware[@r[:lambda]], queryprobe[@r])",
+                          "attnlink[@k], cachecraft[@alpha][-nofocus][-cover], queryaware[@r[:lambda]], queryprobe[@r])",
                           text));
 }
 

@@ -23,7 +23,8 @@
 // AttnLinkBoundary for a fixed, statistics-free budget at every chunk start.
 //
 // Defaults from the paper: α = 1 (eq. 12; the paper fits α on a validation set with eq. 13 and reports
-// α = 0.5 .. 3).
+// α = 0.5 .. 3). One extension, off by default: CCIScorerConfig::prefix_coverage scales β by the share of the
+// current prefix that the stored prefix held (prefix_coverage below), which eq. 6 does not count.
 //
 // Conventions where the paper leaves room (all documented at the function that applies them):
 //  - Attention statistics are per layer, aggregated over heads (sum or mean, the same for every layer). All
@@ -337,6 +338,21 @@ struct ChunkAttention {
   return static_cast<double>(discordant) / (static_cast<double>(m) * static_cast<double>(m - 1) / 2.0);
 }
 
+// Prefix coverage κ = |S_old ∩ S_new| / |S_new|: the share of the current prefix's chunks that the stored prefix
+// held (1 for an empty current prefix). kvfuse's extension, not the paper's: eq. 6 weighs what the stored prefix
+// had and the current one lacks, but not what the current one adds, so a chunk-cache stored behind (C_1) and
+// reused behind (C_1 C_2 ... C_9) scores β = 1, γ = 0 and recomputes nothing, although it never attended to the
+// eight chunks now before it. With CCIScorerConfig::prefix_coverage, β is multiplied by κ (here 1/9).
+[[nodiscard]] inline double prefix_coverage(std::span<const std::uint64_t> stored_prefix,
+                                            std::span<const std::uint64_t> current_prefix) {
+  detail::require_unique_ids(stored_prefix, "prefix_coverage: stored prefix");
+  detail::require_unique_ids(current_prefix, "prefix_coverage: current prefix");
+  if (current_prefix.empty()) return 1.0;
+  std::size_t held = 0;
+  for (std::uint64_t id : current_prefix) held += detail::contains_id(stored_prefix, id) ? 1 : 0;
+  return static_cast<double>(held) / static_cast<double>(current_prefix.size());
+}
+
 // Cache-Craft eq. 8: β' = β · (1 − γ).
 [[nodiscard]] inline double adjusted_prefix_overlap(double beta, double gamma) {
   detail::require(std::isfinite(beta) && beta >= 0.0 && beta <= 1.0,
@@ -397,6 +413,9 @@ inline TokenSet top_of_ranking(std::span<const std::int64_t> ranking, std::int64
 
 struct CCIScorerConfig {
   double alpha = 1.0;  // eq. 12 scaling; the paper fits it with eq. 13 (0.5 .. 3 studied, 1 by default)
+  // kvfuse's extension, off by default: β (eq. 6) scaled by the prefix coverage κ (prefix_coverage below), so that
+  // chunks the stored prefix never held count against reuse as chunks it lost do.
+  bool prefix_coverage = false;
 
   void validate() const {
     detail::require_finite_nonneg(alpha, "CCIScorerConfig: alpha");
@@ -445,7 +464,8 @@ struct ChunkScore {
   std::uint64_t chunk_id = 0;
   std::int64_t size = 0;
   double cci = 0.0;            // eq. 11 (from the profile)
-  double beta = 0.0;           // eq. 6
+  double beta = 0.0;           // eq. 6 (times coverage with CCIScorerConfig::prefix_coverage)
+  double coverage = 1.0;       // κ (prefix_coverage); 1 unless CCIScorerConfig::prefix_coverage
   double gamma = 0.0;          // eq. 7
   double beta_adjusted = 0.0;  // eq. 8
   double cfo = 0.0;            // eq. 12
@@ -454,19 +474,22 @@ struct ChunkScore {
 };
 
 namespace detail {
-// β, γ, β' and CFO of a validated profile against `current_prefix` (checked here); N and the recompute set
-// are left empty (fill_recompute adds them).
-inline ChunkScore score_cfo(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix, double alpha) {
+// β, γ, β' and CFO of a validated profile against `current_prefix` (checked here) under `config` (validated
+// here); N and the recompute set are left empty (fill_recompute adds them).
+inline ChunkScore score_cfo(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix,
+                            const CCIScorerConfig& config) {
+  config.validate();
   require(!contains_id(current_prefix, p.chunk_id), "CCIScorer: chunk {:#x} appears in its own current prefix",
           p.chunk_id);
   ChunkScore s;
   s.chunk_id = p.chunk_id;
   s.size = p.size;
   s.cci = p.cci;
-  s.beta = prefix_overlap(span_of(p.stored_prefix), span_of(p.prefix_inter), current_prefix);  // eq. 6
-  s.gamma = order_penalty(span_of(p.stored_prefix), current_prefix);                            // eq. 7
-  s.beta_adjusted = adjusted_prefix_overlap(s.beta, s.gamma);                                   // eq. 8
-  s.cfo = cache_fix_overhead(p.cci, s.beta_adjusted, alpha);                                    // eq. 12
+  if (config.prefix_coverage) s.coverage = prefix_coverage(span_of(p.stored_prefix), current_prefix);
+  s.beta = s.coverage * prefix_overlap(span_of(p.stored_prefix), span_of(p.prefix_inter), current_prefix);  // eq. 6
+  s.gamma = order_penalty(span_of(p.stored_prefix), current_prefix);                                       // eq. 7
+  s.beta_adjusted = adjusted_prefix_overlap(s.beta, s.gamma);                                              // eq. 8
+  s.cfo = cache_fix_overhead(p.cci, s.beta_adjusted, config.alpha);                                        // eq. 12
   return s;
 }
 
@@ -477,8 +500,9 @@ inline void fill_recompute(ChunkScore& s, const ChunkProfile& p) {
 }
 
 // score_cfo and fill_recompute: the full online score of a validated profile.
-inline ChunkScore score_profile(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix, double alpha) {
-  ChunkScore s = score_cfo(p, current_prefix, alpha);
+inline ChunkScore score_profile(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix,
+                                const CCIScorerConfig& config) {
+  ChunkScore s = score_cfo(p, current_prefix, config);
   fill_recompute(s, p);
   return s;
 }
@@ -512,7 +536,7 @@ class CCIScorer {
   // before it in the new prompt, in order).
   [[nodiscard]] ChunkScore score(const ChunkProfile& p, std::span<const std::uint64_t> current_prefix) const {
     p.validate();
-    return detail::score_profile(p, current_prefix, config_.alpha);
+    return detail::score_profile(p, current_prefix, config_);
   }
 
   // Online, a whole new prompt: `new_prompt` lists the chunk ids of the new prompt in order; each profile's
