@@ -81,7 +81,7 @@ void BM_VariantCacheLookup_10Chunks5Variants(benchmark::State& state) {
   const auto prompt = shuffled_prompt(7);
   for (auto _ : state) {
     for (std::size_t i = 0; i < kChunks; ++i)
-      benchmark::DoNotOptimize(cache.lookup(prompt[i], std::span<const std::uint64_t>(prompt.data(), i), 1.0));
+      benchmark::DoNotOptimize(cache.lookup(prompt[i], std::span<const std::uint64_t>(prompt.data(), i), {1.0}));
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(kChunks));
 }

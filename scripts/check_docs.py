@@ -632,6 +632,31 @@ def check_llamacpp_block_shift(root):
                  cachecraft_calibration_rows(load_json(d / "gemma3-calibration/results.json"), name, 0.30))
 
 
+def check_llamacpp_prefix_coverage(root):
+    """docs/llamacpp.md §10: Cache-Craft with prefix coverage ("-cover"). The diagnosis (SmolLM2, questions 20-23,
+    the same build without and with coverage, diagnosis/{base,cover}/), then §7's script with SUFFIX=-cover
+    (results/llamacpp-cachecraft-cover-2026-11-30/)."""
+    page = Page(root, "docs/llamacpp.md")
+    d = root / "docs/results/llamacpp-cachecraft-cover-2026-11-30"
+    expected = {}
+    for run in ("base", "cover"):
+        r = load_json(d / "diagnosis" / run / "results.json")
+        for m, v in r["methods"].items():
+            if not CACHECRAFT_ALPHA.match(m):
+                continue
+            kl = " / ".join(f"{q['methods'][m]['kl_answer_mean']:.4f}" for q in r["per_question"])
+            expected[f"{run}, {m}"] = [f"{v['ttft_ratio_vs_full']:.3f}", f"{100 * v['recompute_fraction']:.1f} %",
+                                       kl, f"{100 * v['gap_closed']:.1f} %", f"{v['top1_answer_agreement']:.3f}"]
+    page.compare("| diagnosis run, setting | TTFT × full prefill (mean) |", "llamacpp.md §10, diagnosis", expected)
+    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
+        if (d / f"{model}-calibration/results.json").exists():
+            page.compare(f"**{name} with prefix coverage, calibration**", f"llamacpp.md §10, {name} calibration",
+                         cachecraft_calibration_rows(load_json(d / f"{model}-calibration/results.json"), name, 0.30))
+        if (d / f"{model}-judged/results.json").exists():
+            page.compare(f"**{name} with prefix coverage, judged**", f"llamacpp.md §10, {name} judged",
+                         llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
+
+
 def server_arm_rows(run_dir, names):
     """bench_server.sh's arms (the load generator's JSON in run_dir, by table row) as the server.md tables show them:
     TTFT p50, p99, output tok/s, and the reuse arms' exact match and ROUGE-L against their own server's full prefill."""
@@ -975,6 +1000,7 @@ def main():
               lambda: check_server_cachecraft(root), lambda: check_llamacpp_cachecraft(root),
               lambda: check_llamacpp_lazy_restore(root),
               lambda: check_llamacpp_block_shift(root),
+              lambda: check_llamacpp_prefix_coverage(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:

@@ -28,7 +28,7 @@
 //   server's --chunk-context (kvfuse-rag-eval --chunk-context), the one that recomputes least; CacheBlend's
 //   r = 15 % when no such calibration is cached; full prefill when the gate refused
 //   every family it measured. On --engine llamacpp, auto considers AttnLink only (the gate's calibration of the
-//   same GGUF, measured on the CPU engine), Epic's k = 16 when none is cached. cachecraft[@alpha] (cpu engine):
+//   same GGUF, measured on the CPU engine), Epic's k = 16 when none is cached. cachecraft[@alpha][-cover] (cpu engine):
 //   Cache-Craft with the engine's variant cache (N = 100 chunks x M = 5 variants, §5.1), each chunk computed in full
 //   by a request becoming a variant (CpuBatchEngine); not in auto (the gate's Cache-Craft calibration reuses
 //   variants of each sample prompt's own passages, recorded in another order: not what a server holds). prefix and
@@ -126,7 +126,7 @@ struct Options {
 constexpr std::string_view kUsage =
     "usage: kvfuse-server [--model smollm2|gemma3|qwen2|GGUF] [--engine cpu|llamacpp]\n"
     "                     [--store memory|DIR|redis://HOST:PORT|redis-cluster://HOST:PORT,...]\n"
-    "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|cachecraft[@alpha]|\n"
+    "                     [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|cachecraft[@alpha][-cover]|\n"
     "                               queryaware[@r[:lambda]]|queryprobe[@r]]\n"
     "                     [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]\n"
     "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"

@@ -54,7 +54,7 @@ TEST_CASE("32 threads on one VariantCache: consistent counts, never over capacit
             }
             case 2: {
               const std::vector<std::uint64_t> prefix{100 + rng() % 4};
-              if (const std::optional<VariantMatch> m = cache.lookup(chunk, prefix, 1.0))
+              if (const std::optional<VariantMatch> m = cache.lookup(chunk, prefix, {1.0}))
                 erased += (rng() % 2 == 0 && cache.erase(m->variant_id)) ? 1 : 0;
               break;
             }

@@ -304,7 +304,7 @@ TEST_CASE("cci: prefix coverage scales beta by the share of the current prefix t
     CHECK(s.coverage == 0.5);
     CHECK(s.beta == doctest::Approx(6.0 / 19.0));
     CHECK(s.cfo == doctest::Approx(kCci3 * 13.0 / 19.0));
-    CHECK(s.num_recompute == 2);  // ceil(1.37) where the paper's score recomputes 1
+    CHECK(s.num_recompute == 2);  // ceil(1.34) where the paper's score recomputes 1
   }
   CHECK(kvfuse::prefix_coverage(Ids{kC1}, Ids{kC1, 44, 55, 66}) == 0.25);
   CHECK_THROWS_WITH_AS((void)kvfuse::prefix_coverage(Ids{kC1}, Ids{44, 44}), doctest::Contains("appears more than once"),

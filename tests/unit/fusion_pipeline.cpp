@@ -55,9 +55,9 @@ TEST_CASE("method names: defaults are bare, sweep points are name@value, bad nam
                            "attnlink@4", "cachecraft@2", "cachecraft-nofocus", "cachecraft@0.5-nofocus",
                            "cachecraft-cover", "cachecraft@0.125-nofocus-cover"})
     CHECK(method_name(parse_method(name)) == name);
-  CHECK(std::get<CacheCraft>(parse_method("cachecraft@0.125-nofocus-cover")).scoring().prefix_coverage);
-  CHECK_FALSE(std::get<CacheCraft>(parse_method("cachecraft@0.125-nofocus")).scoring().prefix_coverage);
-  CHECK(error_of([] { (void)parse_method("cachecraft-cover-nofocus"); }).find("unknown fusion method") !=
+  CHECK(std::get<CacheCraft>(parse_method("cachecraft@0.125-nofocus-cover")).scoring.prefix_coverage);
+  CHECK_FALSE(std::get<CacheCraft>(parse_method("cachecraft@0.125-nofocus")).scoring.prefix_coverage);
+  CHECK(error_of([] { (void)parse_method("cachecraft-cover-nofocus"); }).find("[-nofocus][-cover], in that order") !=
         std::string::npos);
   CHECK(method_name(parse_method("cacheblend@0.15")) == "cacheblend");
   CHECK(std::get<CacheBlend>(parse_method("cacheblend@0.3")).config.recompute_ratio == 0.3);
@@ -193,6 +193,19 @@ TEST_CASE("each method end to end: sources, S_l sizes and the recompute fraction
     std::int64_t used = 0;
     for (const VariantEntry& v : craft.variants().entries()) used += v.reuse_frequency > 0.0 ? 1 : 0;
     CHECK(used == 4);
+  }
+  SUBCASE("Cache-Craft with prefix coverage fixes a chunk whose variant saw only part of its new prefix") {
+    // C's variant behind [system] alone: now behind [system, A, B], eq. 6 gives beta = 1 and CFO = 0.
+    const Prompt c_first = assemble({kSystem, kC}, kQuery);
+    craft.record_context(c_first.tokens, c_first.layout);
+    const FusionResult paper = craft.run(p.tokens, p.layout, parse_method("cachecraft-nofocus"));
+    CHECK(paper.plan.chunks[3].cfo == 0.0);
+    CHECK(paper.plan.chunks[3].recompute.empty());
+    // With coverage (1 of the 3 chunks before it was there) the planner scores it CCI (1 - beta/3) > 0.
+    const FusionResult cover = craft.run(p.tokens, p.layout, parse_method("cachecraft-nofocus-cover"));
+    CHECK(cover.plan.chunks[3].cfo > 0.0);
+    CHECK_FALSE(cover.plan.chunks[3].recompute.empty());
+    CHECK(cover.recompute_fraction > paper.recompute_fraction);
   }
   SUBCASE("Cache-Craft with a large alpha and no focus termination recomputes every token of a moved chunk") {
     const FusionResult r = craft.run(p.tokens, p.layout, parse_method("cachecraft@1000-nofocus"));

@@ -57,6 +57,31 @@ TEST_CASE("variant cache: paper defaults N = 100, M = 5") {
   CHECK(cache.size() == 0);
 }
 
+TEST_CASE("variant cache: with prefix coverage the variant that saw the whole current prefix wins") {
+  constexpr std::uint64_t kX = 100;
+  VariantCache cache;
+  // V1 behind [1], V2 behind [1, 2, 3]; both CCI 0.5. Behind [1, 2, 3] eq. 6 gives both beta = 1 (CFO 0), so V1,
+  // the older, wins; with coverage V1 holds 1 of the 3 chunks (beta 1/3, CFO 0.5 * 2/3) and V2 wins with CFO 0.
+  const auto v1 = cache.insert(make_profile(kX, 6, {1}, {1.0}, 0.5), key(1));
+  const auto v2 = cache.insert(make_profile(kX, 6, {1, 2, 3}, {1.0, 1.0, 1.0}, 0.5), key(2));
+  const auto paper = cache.best(kX, Ids{1, 2, 3}, {kAlpha});
+  REQUIRE(paper);
+  CHECK(paper->variant_id == v1.variant_id);
+  CHECK(paper->score.cfo == 0.0);
+  const auto covered = cache.best(kX, Ids{1, 2, 3}, {kAlpha, true});
+  REQUIRE(covered);
+  CHECK(covered->variant_id == v2.variant_id);
+  CHECK(covered->score.cfo == 0.0);
+  // Behind [1, 4, 5, 6] neither saw 4, 5, 6: V1 holds 1 of 4 (beta 1/4, CFO 0.375, 3 of 6 tokens), V2 1 of 4
+  // with a third of its attention (beta 1/12, CFO 0.5 * 11/12): V1 wins.
+  const auto both_moved = cache.best(kX, Ids{1, 4, 5, 6}, {kAlpha, true});
+  REQUIRE(both_moved);
+  CHECK(both_moved->variant_id == v1.variant_id);
+  CHECK(both_moved->score.coverage == 0.25);
+  CHECK(both_moved->score.cfo == doctest::Approx(0.375));
+  CHECK(both_moved->score.num_recompute == 3);
+}
+
 TEST_CASE("variant cache: lookup picks the lowest-CFO variant") {
   constexpr std::uint64_t kX = 100;
   VariantCache cache;

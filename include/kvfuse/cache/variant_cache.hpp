@@ -6,7 +6,7 @@
 // ChunkProfile computed by CCIScorer (stored prefix with its inter attention, CCI, ordered recompute-token
 // list) and the KVKey under which the engine's KVStore holds its KV bytes (the cache owns no KV).
 //   lookup(chunk, current prefix, scoring): scores every variant against the current prefix (β, γ, β', CFO:
-//     eq. 6-8, 12, with the CCIScorerConfig of the method asking: α lives on the method, CacheCraft::alpha) and
+//     eq. 6-8, 12, with the CCIScorerConfig of the method asking, CacheCraft::scoring: α, prefix coverage) and
 //     returns the one with the lowest CFO with its N = ⌈CFO · |C|⌉ tokens to recompute (eq. 14);
 //     the chosen variant's reuse frequency grows by f_r += 1/CFO.
 //   insert(profile, kv): adds a variant for a new (chunk, prefix) pair; when the cache holds N × M variants
@@ -178,7 +178,7 @@ class VariantCache {
   }
 
   // The variant of `chunk` with the lowest CFO behind `current_prefix` (ids of the chunks before it in the
-  // new prompt, in order), scored with the α (eq. 12) and β of the method asking; nullopt when the chunk has no
+  // new prompt, in order), scored with the method's CCIScorerConfig (α, eq. 12; prefix coverage); nullopt when the chunk has no
   // variant. The choice does not depend on α (CFO = α · CCI · (1 − β'): the lowest CCI · (1 − β') wins).
   // Does not change f_r.
   [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,

@@ -84,13 +84,9 @@ struct AttnLink {
   AttnLinkConfig config{};
 };
 struct CacheCraft {
-  double alpha = 1.0;                  // eq. 12
+  CCIScorerConfig scoring{};           // how VariantCache scores the variants: α (eq. 12), prefix coverage
   FocusedChunkConfig focus{};          // Algorithm 1 window w
   bool focus_termination = true;       // stop recomputing unfocused chunks at L* (section 3.2.2)
-  bool prefix_coverage = false;        // β scaled by the prefix coverage κ (CCIScorerConfig::prefix_coverage)
-
-  // How VariantCache scores this method's variants (eq. 6-8, 12).
-  [[nodiscard]] CCIScorerConfig scoring() const noexcept { return {alpha, prefix_coverage}; }
 };
 // Query-aware selection, inspired by ProphetKV (2026), which recomputes the tokens the query will attend to
 // rather than those whose KV deviates most. This is kvfuse's variant, not a reimplementation of that paper: on
@@ -159,9 +155,10 @@ template <class Method>
       return a.config.k == AttnLinkConfig{}.k ? "attnlink" : fmt::format("attnlink@{}", a.config.k);
     }
     std::string operator()(const CacheCraft& c) const {
-      std::string s = c.alpha == 1.0 ? "cachecraft" : "cachecraft@" + detail::format_setting(c.alpha);
+      const double alpha = c.scoring.alpha;
+      std::string s = alpha == 1.0 ? "cachecraft" : "cachecraft@" + detail::format_setting(alpha);
       if (!c.focus_termination) s += "-nofocus";
-      return c.prefix_coverage ? s + "-cover" : s;
+      return c.scoring.prefix_coverage ? s + "-cover" : s;
     }
     std::string operator()(const QueryAware& q) const {
       const double r = q.config.recompute_ratio;
@@ -214,7 +211,7 @@ template <class Method>
     CacheCraft c;
     std::string_view rest = text.substr(std::string_view("cachecraft").size());
     if (rest.ends_with("-cover")) {
-      c.prefix_coverage = true;
+      c.scoring.prefix_coverage = true;
       rest.remove_suffix(std::string_view("-cover").size());
     }
     if (rest.ends_with("-nofocus")) {
@@ -222,10 +219,12 @@ template <class Method>
       rest.remove_suffix(std::string_view("-nofocus").size());
     }
     if (!rest.empty()) {
-      detail::require(rest.front() == '@', "unknown fusion method '{}'", text);
-      c.alpha = detail::parse_setting(text, rest.substr(1));
+      detail::require(rest.front() == '@',
+                      "unknown fusion method '{}' (expected cachecraft[@alpha][-nofocus][-cover], in that order)",
+                      text);
+      c.scoring.alpha = detail::parse_setting(text, rest.substr(1));
     }
-    detail::require(c.alpha >= 0, "fusion method '{}': alpha = {} must be >= 0", text, c.alpha);
+    detail::require(c.scoring.alpha >= 0, "fusion method '{}': alpha = {} must be >= 0", text, c.scoring.alpha);
     return c;
   }
   if (name == "queryaware") {

@@ -180,7 +180,7 @@ template <KVStore Store>
       // A chunk repeated within the prompt has no prefix-as-a-set score (eq. 6-7): it is recomputed.
       const bool repeated = std::find(ids.begin(), ids.end(), id) != ids.end();
       if (pc.cached && !repeated) {
-        if (std::optional<VariantMatch> m = variants.cache->best(id, ids, craft->scoring())) {  // eq. 12 CFO, eq. 14
+        if (std::optional<VariantMatch> m = variants.cache->best(id, ids, craft->scoring)) {  // eq. 12 CFO, eq. 14
           const auto at = variants.first_positions->find(m->kv.content);
           if (at != variants.first_positions->end()) {
             ChunkPlan& c = plan.chunks[j];

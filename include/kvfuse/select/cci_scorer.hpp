@@ -339,7 +339,7 @@ struct ChunkAttention {
 }
 
 // Prefix coverage κ = |S_old ∩ S_new| / |S_new|: the share of the current prefix's chunks that the stored prefix
-// held (1 for an empty current prefix). kvfuse's extension, not the paper's: eq. 6 weighs what the stored prefix
+// held, counted by chunk (1 for an empty current prefix). kvfuse's extension, not the paper's: eq. 6 weighs what the stored prefix
 // had and the current one lacks, but not what the current one adds, so a chunk-cache stored behind (C_1) and
 // reused behind (C_1 C_2 ... C_9) scores β = 1, γ = 0 and recomputes nothing, although it never attended to the
 // eight chunks now before it. With CCIScorerConfig::prefix_coverage, β is multiplied by κ (here 1/9).
@@ -414,7 +414,7 @@ inline TokenSet top_of_ranking(std::span<const std::int64_t> ranking, std::int64
 struct CCIScorerConfig {
   double alpha = 1.0;  // eq. 12 scaling; the paper fits it with eq. 13 (0.5 .. 3 studied, 1 by default)
   // kvfuse's extension, off by default: β (eq. 6) scaled by the prefix coverage κ (prefix_coverage below), so that
-  // chunks the stored prefix never held count against reuse as chunks it lost do.
+  // chunks the stored prefix never held count against reuse too (by number; lost chunks weigh their attention).
   bool prefix_coverage = false;
 
   void validate() const {
@@ -486,7 +486,8 @@ inline ChunkScore score_cfo(const ChunkProfile& p, std::span<const std::uint64_t
   s.size = p.size;
   s.cci = p.cci;
   if (config.prefix_coverage) s.coverage = prefix_coverage(span_of(p.stored_prefix), current_prefix);
-  s.beta = s.coverage * prefix_overlap(span_of(p.stored_prefix), span_of(p.prefix_inter), current_prefix);  // eq. 6
+  // eq. 6, times κ with prefix_coverage
+  s.beta = s.coverage * prefix_overlap(span_of(p.stored_prefix), span_of(p.prefix_inter), current_prefix);
   s.gamma = order_penalty(span_of(p.stored_prefix), current_prefix);                                       // eq. 7
   s.beta_adjusted = adjusted_prefix_overlap(s.beta, s.gamma);                                              // eq. 8
   s.cfo = cache_fix_overhead(p.cci, s.beta_adjusted, config.alpha);                                        // eq. 12
