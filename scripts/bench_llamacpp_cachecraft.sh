@@ -5,7 +5,8 @@
 # (scripts/check_docs.py --choose-alpha); then the judged questions run full prefill, naive reuse, AttnLink-16 and
 # Cache-Craft at that α. All 10 passages, 2 threads. Resumable: a run whose results.json holds all its questions is
 # not run again (kvfuse-rag-eval writes it after each question, so an interrupted run is redone).
-# About 90 minutes on the 2-core VM (SmolLM2: 6 of calibration, 56 judged; Gemma 3: 3 and 24).
+# About 100 minutes on the 2-core VM: SmolLM2 about 70-75 (calibration 6-10, judged 56-64, docs/llamacpp.md §7, §9,
+# §10), Gemma 3 about 27 (3 and 24, §7).
 #   OUT (build/bench-llamacpp-cachecraft), MODELS ("smollm2 gemma3"), ALPHAS ("0.5 0.25 0.125"), BUDGET (0.30),
 #   CAL_START (20), CAL_LIMIT (2), START (0), LIMIT (20), SUFFIX ("", or "-cover": Cache-Craft with prefix coverage,
 #   cachecraft@α-nofocus-cover)

@@ -648,13 +648,12 @@ def check_llamacpp_prefix_coverage(root):
             expected[f"{run}, {m}"] = [f"{v['ttft_ratio_vs_full']:.3f}", f"{100 * v['recompute_fraction']:.1f} %",
                                        kl, f"{100 * v['gap_closed']:.1f} %", f"{v['top1_answer_agreement']:.3f}"]
     page.compare("| diagnosis run, setting | TTFT × full prefill (mean) |", "llamacpp.md §10, diagnosis", expected)
-    for model, name in CACHECRAFT_LLAMACPP_MODELS.items():
-        if (d / f"{model}-calibration/results.json").exists():
-            page.compare(f"**{name} with prefix coverage, calibration**", f"llamacpp.md §10, {name} calibration",
-                         cachecraft_calibration_rows(load_json(d / f"{model}-calibration/results.json"), name, 0.30))
-        if (d / f"{model}-judged/results.json").exists():
-            page.compare(f"**{name} with prefix coverage, judged**", f"llamacpp.md §10, {name} judged",
-                         llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
+    for model in ("smollm2",):
+        name = CACHECRAFT_LLAMACPP_MODELS[model]
+        page.compare(f"**{name} with prefix coverage, calibration**", f"llamacpp.md §10, {name} calibration",
+                     cachecraft_calibration_rows(load_json(d / f"{model}-calibration/results.json"), name, 0.30))
+        page.compare(f"**{name} with prefix coverage, judged**", f"llamacpp.md §10, {name} judged",
+                     llamacpp_rows(load_json(d / f"{model}-judged/results.json")["per_question"]))
 
 
 def server_arm_rows(run_dir, names):
