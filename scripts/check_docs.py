@@ -648,7 +648,7 @@ def check_llamacpp_prefix_coverage(root):
             expected[f"{run}, {m}"] = [f"{v['ttft_ratio_vs_full']:.3f}", f"{100 * v['recompute_fraction']:.1f} %",
                                        kl, f"{100 * v['gap_closed']:.1f} %", f"{v['top1_answer_agreement']:.3f}"]
     page.compare("| diagnosis run, setting | TTFT × full prefill (mean) |", "llamacpp.md §10, diagnosis", expected)
-    for model in ("smollm2",):
+    for model in ("smollm2", "gemma3"):
         name = CACHECRAFT_LLAMACPP_MODELS[model]
         page.compare(f"**{name} with prefix coverage, calibration**", f"llamacpp.md §10, {name} calibration",
                      cachecraft_calibration_rows(load_json(d / f"{model}-calibration/results.json"), name, 0.30))
