@@ -307,8 +307,8 @@ TEST_CASE("cci: prefix coverage scales beta by the share of the current prefix t
     CHECK(s.num_recompute == 2);  // ceil(1.34) where the paper's score recomputes 1
   }
   CHECK(kvfuse::prefix_coverage(Ids{kC1}, Ids{kC1, 44, 55, 66}) == 0.25);
-  CHECK_THROWS_WITH_AS((void)kvfuse::prefix_coverage(Ids{kC1}, Ids{44, 44}), doctest::Contains("appears more than once"),
-                       kvfuse::error);
+  CHECK_THROWS_WITH_AS((void)kvfuse::prefix_coverage(Ids{kC1}, Ids{44, 44}),
+                       doctest::Contains("appears more than once"), kvfuse::error);
 }
 
 TEST_CASE("cci: whole prompts — same prompt twice, 100% hit with reordered chunks, empty prefix") {

@@ -178,9 +178,9 @@ class VariantCache {
   }
 
   // The variant of `chunk` with the lowest CFO behind `current_prefix` (ids of the chunks before it in the
-  // new prompt, in order), scored with the method's CCIScorerConfig (α, eq. 12; prefix coverage); nullopt when the chunk has no
-  // variant. The choice does not depend on α (CFO = α · CCI · (1 − β'): the lowest CCI · (1 − β') wins).
-  // Does not change f_r.
+  // new prompt, in order), scored with the method's CCIScorerConfig (α, eq. 12; prefix coverage); nullopt when
+  // the chunk has no variant. The choice does not depend on α (CFO = α · CCI · (1 − β'): the lowest
+  // CCI · (1 − β') wins). Does not change f_r.
   [[nodiscard]] std::optional<VariantMatch> best(std::uint64_t chunk, std::span<const std::uint64_t> current_prefix,
                                                  const CCIScorerConfig& scoring) const {
     std::lock_guard lock(mutex_);

@@ -251,7 +251,8 @@ template <class Method>
     return p;
   }
   throw error(fmt::format("unknown fusion method '{}' (expected full, prefix, naive, cacheblend[@r|@auto], "
-                          "attnlink[@k], cachecraft[@alpha][-nofocus][-cover], queryaware[@r[:lambda]], queryprobe[@r])",
+                          "attnlink[@k], cachecraft[@alpha][-nofocus][-cover], queryaware[@r[:lambda]], "
+                          "queryprobe[@r])",
                           text));
 }
 

@@ -339,10 +339,10 @@ struct ChunkAttention {
 }
 
 // Prefix coverage κ = |S_old ∩ S_new| / |S_new|: the share of the current prefix's chunks that the stored prefix
-// held, counted by chunk (1 for an empty current prefix). kvfuse's extension, not the paper's: eq. 6 weighs what the stored prefix
-// had and the current one lacks, but not what the current one adds, so a chunk-cache stored behind (C_1) and
-// reused behind (C_1 C_2 ... C_9) scores β = 1, γ = 0 and recomputes nothing, although it never attended to the
-// eight chunks now before it. With CCIScorerConfig::prefix_coverage, β is multiplied by κ (here 1/9).
+// held, counted by chunk (1 for an empty current prefix). kvfuse's extension, not the paper's: eq. 6 weighs what
+// the stored prefix had and the current one lacks, but not what the current one adds, so a chunk-cache stored
+// behind (C_1) and reused behind (C_1 C_2 ... C_9) scores β = 1, γ = 0 and recomputes nothing, although it never
+// attended to the eight chunks now before it. With CCIScorerConfig::prefix_coverage, β is multiplied by κ (1/9).
 [[nodiscard]] inline double prefix_coverage(std::span<const std::uint64_t> stored_prefix,
                                             std::span<const std::uint64_t> current_prefix) {
   detail::require_unique_ids(stored_prefix, "prefix_coverage: stored prefix");

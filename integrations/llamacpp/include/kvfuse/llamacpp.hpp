@@ -309,9 +309,9 @@ class LlamaCppFusion : public LlamaCppContext {
       drop_scratch(piece);
       if (read != size) {
         drop_scratch(slot);
-        throw error(fmt::format("LlamaCppFusion::prefill: llama.cpp refused the stored block for rows {} ({} of {} bytes of "
-                                "the piece at byte {} read): not a sequence state of this model and build, or no free "
-                                "cells in a context of {} (LlamaCppOptions::n_ctx)",
+        throw error(fmt::format("LlamaCppFusion::prefill: llama.cpp refused the stored block for rows {} ({} of {} "
+                                "bytes of the piece at byte {} read): not a sequence state of this model and build, "
+                                "or no free cells in a context of {} (LlamaCppOptions::n_ctx)",
                                 r, read, size, at, options_.n_ctx));
       }
       at += size;
@@ -319,7 +319,8 @@ class LlamaCppFusion : public LlamaCppContext {
     const llama_pos lo = llama_memory_seq_pos_min(mem_, x), hi = llama_memory_seq_pos_max(mem_, x);
     if (lo != first || hi != first + r.size() - 1) {
       drop_scratch(slot);
-      throw error(fmt::format("LlamaCppFusion::prefill: the stored block for rows {} holds positions [{}, {}], not [{}, {}]",
+      throw error(fmt::format("LlamaCppFusion::prefill: the stored block for rows {} holds positions [{}, {}], not "
+                              "[{}, {}]",
                               r, lo, hi, first, first + r.size() - 1));
     }
   }

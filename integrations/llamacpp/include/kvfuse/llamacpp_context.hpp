@@ -445,7 +445,6 @@ class LlamaCppContext {
     return true;
   }
 
-
   // The probe's move, and how far the moved K may lie from llama.cpp's (of the row's largest value): the same
   // angles, but f16 rounds twice (kvfuse's rotated value, and llama.cpp's at 0 before it), 2^-10 each.
   static constexpr std::int64_t kShiftProbe = 1000;
