@@ -28,13 +28,13 @@
 // that are merged into one decode; 0: never).
 //
 // --calibrated: the per-model correctness gate (kvfuse/fusion/calibration.hpp) picks each method family named
-// without a setting in --methods (cacheblend, attnlink, cachecraft, queryaware, queryprobe): the cheapest setting
-// whose teacher-forced KL over full prefill's answer stays within --calibration-kl with top-1 agreement at least
-// --calibration-top1, measured on the last --calibration-questions questions of --data (which the evaluated
-// questions must not include), and no worse than naive reuse there. A family with no such setting is refused for the
-// model and not run. `auto` in --methods (with --calibrated) calibrates every family this engine runs and runs the
-// admitted setting that recomputes least (results.json: "auto"). Results are cached per model fingerprint in
-// <kvfuse cache>/calibration; results.json records them under "calibration".
+// without a setting in --methods (cacheblend, attnlink, cachecraft, cachecraft-cover, queryaware, queryprobe): the
+// cheapest setting whose teacher-forced KL over full prefill's answer stays within --calibration-kl with top-1
+// agreement at least --calibration-top1, measured on the last --calibration-questions questions of --data (which the
+// evaluated questions must not include), and no worse than naive reuse there. A family with no such setting is
+// refused for the model and not run. `auto` in --methods (with --calibrated) calibrates every family this engine
+// runs and runs the admitted setting that recomputes least (results.json: "auto"). Results are cached per model
+// fingerprint in <kvfuse cache>/calibration; results.json records them under "calibration".
 //
 // --chunk-context system computes each passage's cache behind the system turn (PromptLayout::chunk_context, as
 // kvfuse-server stores them; the system turn is then always computed), none (default) alone from position 0. The
@@ -465,7 +465,8 @@ int main(int argc, char** argv) try {
         }
         kvfuse::eval::TeacherForcedEvaluator evaluator(*model, calibration_pipeline, samples, o.max_new_tokens, tok.eos());
         const fs::path dir = kvfuse_example::cache_dir() / "calibration";
-        const std::vector<std::string> families = {"cacheblend", "attnlink", "cachecraft", "queryaware", "queryprobe"};
+        const std::vector<std::string> families = {"cacheblend",       "attnlink",   "cachecraft",
+                                                   "cachecraft-cover", "queryaware", "queryprobe"};
         const bool want_auto = std::find(o.methods.begin(), o.methods.end(), "auto") != o.methods.end();
         std::vector<std::string> kept, to_calibrate;
         for (const std::string& name : o.methods) {

@@ -23,7 +23,8 @@
 #   about 130 tokens; 0 keeps them whole, about 600), METHOD (cacheblend), LLAMACPP_METHOD (attnlink), CTX_PER_SLOT
 #   (2048: llama-server's context per slot and kvfuse-server --engine llamacpp's --region-cells), CHUNK_CONTEXT
 #   (system: kvfuse-server --engine cpu's --chunk-context; none computes chunk caches alone), LLAMA_ARMS (1; 0 skips
-#   the two llama-server arms and the ratios to them), OUT (build/bench-server)
+#   the two llama-server arms and the ratios to them), FIRST_QUESTION (0: the pool's questions start there; the
+#   judged requests are 0's, a setting is chosen on another's, e.g. 50), OUT (build/bench-server)
 # Writes OUT/run-N/<arm>.json (the load generator's output) and OUT/summary.json (medians over the runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -89,7 +90,8 @@ load() {  # $1 port, $2 label, rest: load generator flags
   shift 2
   "$venv/bin/python3" scripts/server_loadgen.py --url "http://127.0.0.1:$port/v1" --data "$data" \
     --requests "${REQUESTS:-64}" --concurrency "$concurrency" --passages "${PASSAGES:-5}" --pool "${POOL:-40}" \
-    --max-tokens "${MAX_TOKENS:-32}" --passage-words "${PASSAGE_WORDS:-100}" --label "$label" "$@"
+    --max-tokens "${MAX_TOKENS:-32}" --passage-words "${PASSAGE_WORDS:-100}" --first-question "${FIRST_QUESTION:-0}" \
+    --label "$label" "$@"
 }
 
 mkdir -p "$out"
@@ -132,6 +134,7 @@ summary = {"runs": runs, "model": model, "threads": threads, "chunk_context": ch
            "requests": rs[0]["kvfuse"]["requests"], "concurrency": rs[0]["kvfuse"]["concurrency"],
            "passages": rs[0]["kvfuse"]["passages"], "pool": rs[0]["kvfuse"]["pool"],
            "passage_words": rs[0]["kvfuse"]["passage_words"],
+           "first_question": rs[0]["kvfuse"].get("first_question", 0),
            "max_tokens": rs[0]["kvfuse"]["max_tokens"]}
 for a in arms:
     summary[a] = {"ttft_p50_ms": med(lambda r: r[a]["ttft_ms"]["p50"]),

@@ -160,7 +160,7 @@ def check_results_2026_11_24(root, merge):
 
 MODEL_LABELS = {"SmolLM2-135M-Instruct.Q4_1.gguf": "SmolLM2", "gemma-3-270m-q4_k_m.gguf": "Gemma 3",
                 "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "Qwen2"}
-GATE_FAMILIES = ("cacheblend", "queryaware", "queryprobe", "attnlink", "cachecraft")
+GATE_FAMILIES = ("cacheblend", "queryaware", "queryprobe", "attnlink", "cachecraft", "cachecraft-cover")
 
 
 def gate_line(run, label):

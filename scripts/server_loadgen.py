@@ -2,8 +2,9 @@
 """A RAG load generator for OpenAI-compatible servers, written with the official `openai` client (asyncio).
 
 Sends N chat requests, C at a time, to one server: request i asks MuSiQue question i mod Q with P passages drawn
-(Zipf, s = 1, without replacement) from a pool of the first POOL passages of the dataset's questions (each cut to
-its first W words with --passage-words W), in a random order, so that passages recur in other orders and next to
+(Zipf, s = 1, without replacement) from a pool of the first POOL passages of the dataset's questions from
+--first-question on (each cut to its first W words with --passage-words W; another first question gives a disjoint
+set of requests to choose a setting on), in a random order, so that passages recur in other orders and next to
 other passages. Each passage is one text part of the
 user message and the question the last part (kvfuse-server: each part a chunk cache); for llama-server the parts
 get the newline kvfuse-server puts between parts (it concatenates parts as they are), so both see the same text.
@@ -33,9 +34,13 @@ def nearest_rank(values, p):
     return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
 
 
-def build_requests(data_path, n, passages, pool_size, seed, words=0):
+def build_requests(data_path, n, passages, pool_size, seed, words=0, first_question=0):
     with open(data_path) as f:
         questions = json.load(f)
+    if not 0 <= first_question < len(questions):
+        raise SystemExit(f"server_loadgen.py: --first-question {first_question} is outside the dataset's "
+                         f"{len(questions)} questions")
+    questions = questions[first_question:]
     pool, asked = [], []  # asked: the questions whose passages make the pool (most requests see some of their own)
     for q in questions:
         if len(pool) >= pool_size:
@@ -139,6 +144,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--passage-words", type=int, default=0, help="keep each passage's first N words (0: whole)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--first-question", type=int, default=0,
+                    help="the pool's questions start here (0: the judged set; calibration elsewhere, e.g. 50)")
     ap.add_argument("--model", default="default")
     ap.add_argument("--method", default="", help="kvfuse-server: each request's kvfuse.method")
     ap.add_argument("--no-cache-prompt", action="store_true", help="llama-server: cache_prompt false per request")
@@ -152,12 +159,13 @@ def main():
     for name in ("requests", "concurrency", "passages", "pool", "max_tokens"):
         if getattr(args, name) < 1:
             raise SystemExit(f"server_loadgen.py: --{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
-    requests = build_requests(args.data, args.requests, args.passages, args.pool, args.seed, args.passage_words)
+    requests = build_requests(args.data, args.requests, args.passages, args.pool, args.seed, args.passage_words,
+                              args.first_question)
     results, makespan = asyncio.run(run(args, requests))
     ttft = [r["ttft_ms"] for r in results]
     out = {"label": args.label, "requests": len(results), "concurrency": args.concurrency,
            "passages": args.passages, "pool": args.pool, "passage_words": args.passage_words,
-           "max_tokens": args.max_tokens,
+           "first_question": args.first_question, "max_tokens": args.max_tokens,
            "makespan_s": makespan, "output_tok_s": sum(r["completion_tokens"] for r in results) / makespan,
            "ttft_ms": {"p50": nearest_rank(ttft, 50), "p99": nearest_rank(ttft, 99)},
            "prompt_tokens": [r["prompt_tokens"] for r in results],

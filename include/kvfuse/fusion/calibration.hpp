@@ -103,8 +103,13 @@ struct Calibration {
                                       "queryprobe@0.3", "queryprobe@0.5"};
   if (family == "attnlink") return {"attnlink@1", "attnlink@4", "attnlink", "attnlink@32", "attnlink@64"};
   if (family == "cachecraft") return {"cachecraft@0.25", "cachecraft@0.5", "cachecraft", "cachecraft@2", "cachecraft@4"};
+  // Cache-Craft with prefix coverage (a kvfuse extension: eq. 6's β scaled by the share of the current prefix's
+  // chunks the variant saw, CCIScorerConfig::prefix_coverage): more recompute than the same α without it, so a family
+  // of its own, its α from half the paper's down.
+  if (family == "cachecraft-cover") return {"cachecraft@0.125-cover", "cachecraft@0.25-cover", "cachecraft@0.5-cover",
+                                            "cachecraft-cover", "cachecraft@2-cover"};
   throw error(fmt::format("calibration: unknown method family '{}' (cacheblend, queryaware, queryprobe, attnlink, "
-                          "cachecraft; "
+                          "cachecraft, cachecraft-cover; "
                           "full, prefix and naive have no setting to calibrate)",
                           family));
 }
