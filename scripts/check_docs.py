@@ -762,6 +762,60 @@ def check_server_cachecraft(root):
             problem("docs/server.md", 1, f"Cache-Craft in the server: the ratio '{phrase}' of summary.json is not said")
 
 
+def check_server_cover(root):
+    """docs/server.md, "Cache-Craft with prefix coverage in the server": the settings measured on the calibration
+    requests (results/server-cover-2026-12-02/calibration/), the judged arms' medians (summary.json) and each run's
+    ratios, and the ratios the text says."""
+    page = Page(root, "docs/server.md")
+    d = root / "docs/results/server-cover-2026-12-02"
+    cal = d / "calibration"
+    rows = {}
+    for alpha in ("1", "2"):
+        cell = cal / f"cachecraft@{alpha}-cover"
+        rows[f"α = {alpha} with prefix coverage"] = server_cell_row(cell)
+    page.compare("| Cache-Craft with prefix coverage, calibration requests |", "server.md, coverage calibration", rows)
+    page.compare("| llama-server, calibration requests |", "server.md, coverage calibration, llama-server",
+                 server_arm_rows(cal / "cachecraft@1-cover/run-1",
+                                 {"no prompt cache": "llama-full", "prompt cache + `--cache-reuse 256`": "llama-reuse"}))
+    names = {"kvfuse-server, full prefill": "kvfuse-full",
+             "kvfuse-server, Cache-Craft α = 2 with prefix coverage": "kvfuse",
+             "llama-server, no prompt cache": "llama-full",
+             "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
+    judged = d / "requests-64x3"
+    page.compare("| arm, 3 × 64 requests, e8632a8, medians |", "server.md, coverage, 3 x 64 requests",
+                 server_summary_rows(judged / "summary.json", names))
+    page.compare("| run, e8632a8 |", "server.md, coverage, 3 x 64 requests per run",
+                 {str(n): server_run_ratios(judged / f"run-{n}") for n in (1, 2, 3)})
+    s = load_json(judged / "summary.json")
+    text = " ".join(" ".join(page.lines).split())
+    for phrase in (f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} × llama-server with `--cache-reuse`",
+                   f"throughput {s['throughput_kvfuse_over_llama']:.2f} ×",
+                   f"{s['kvfuse']['exact_match']:.3f} exact match against llama-server's "
+                   f"{s['llama-reuse']['exact_match']:.3f}"):
+        if phrase not in text:
+            problem("docs/server.md", 1, f"prefix coverage in the server: '{phrase}' of summary.json is not said")
+
+
+def check_results_cover_gate(root):
+    """docs/results.md, 2026-12-02: every point the gate measured for Cache-Craft with prefix coverage, per model,
+    from the calibration in each run's results.json, and the gate's verdict lines."""
+    page = Page(root, "docs/results.md")
+    d = root / "docs/results/gate-cover-2026-12-02"
+    expected = {}
+    for label, run in (("SmolLM2", "smollm2-5x130"), ("Qwen2", "qwen2-5x130")):
+        c = load_json(d / run / "results.json")["calibration"]["cachecraft-cover"]
+        expected[f"{label}, naive"] = [f"{c['naive']['recompute_fraction']:.3f}", f"{c['naive']['kl_answer_mean']:.4f}",
+                                       f"{c['naive']['top1_answer_agreement']:.3f}", ""]
+        for pt in c["points"]:
+            expected[f"{label}, {pt['method']}"] = [f"{pt['recompute_fraction']:.3f}", f"{pt['kl_answer_mean']:.4f}",
+                                                    f"{pt['top1_answer_agreement']:.3f}",
+                                                    "yes" if pt["admitted"] else "no"]
+    page.compare("| model, setting (questions 97–99) |", "results.md, coverage gate", expected)
+    label = "SmolLM2-135M-Instruct.Q4_1.gguf, 5 passages, with prefix coverage in the gate"
+    page.compare_line(f"- {label}:", "results.md, coverage gate, SmolLM2's verdicts",
+                      gate_line(load_json(d / "smollm2-5x130/results.json"), label))
+
+
 def check_fidelity_chunk_context(root):
     """docs/fidelity.md, 2026-11-28: per probe and chunk caches, the teacher-forced KL per question, its mean and the
     first token's KL, from the probe outputs in results/fidelity-2026-11-28/ (as its table.py prints them)."""
@@ -1000,6 +1054,7 @@ def main():
               lambda: check_llamacpp_lazy_restore(root),
               lambda: check_llamacpp_block_shift(root),
               lambda: check_llamacpp_prefix_coverage(root),
+              lambda: check_server_cover(root), lambda: check_results_cover_gate(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
