@@ -465,8 +465,8 @@ int main(int argc, char** argv) try {
         }
         kvfuse::eval::TeacherForcedEvaluator evaluator(*model, calibration_pipeline, samples, o.max_new_tokens, tok.eos());
         const fs::path dir = kvfuse_example::cache_dir() / "calibration";
-        const std::vector<std::string> families = {"cacheblend",       "attnlink",   "cachecraft",
-                                                   "cachecraft-cover", "queryaware", "queryprobe"};
+        const std::vector<std::string> families(kvfuse::kCalibrationFamilies.begin(),
+                                                kvfuse::kCalibrationFamilies.end());
         const bool want_auto = std::find(o.methods.begin(), o.methods.end(), "auto") != o.methods.end();
         std::vector<std::string> kept, to_calibrate;
         for (const std::string& name : o.methods) {

@@ -55,7 +55,8 @@ TEST_CASE("calibrate: the cheapest setting within budget, measured cheapest firs
   CHECK(c.points[2].admitted);
   CHECK(c.points[2].measure.kl_answer_mean == 0.04);
   // Every family's settings parse and are listed cheapest first (their knob grows).
-  for (const char* family : {"cacheblend", "queryaware", "queryprobe", "attnlink", "cachecraft", "cachecraft-cover"}) {
+  for (const std::string_view listed : kCalibrationFamilies) {
+    const std::string family(listed);
     CAPTURE(family);
     const std::vector<std::string> s = calibration_settings(family);
     CHECK(s.size() >= 4);

@@ -18,6 +18,7 @@
 // queryaware (r, with λ = 0.5); a family's default setting goes by its plain name ("cacheblend" is r = 0.15). The cost
 // of a setting is what it recomputes, which grows with each of these knobs.
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/fusion/fusion_method.hpp"
@@ -90,6 +92,10 @@ struct Calibration {
   return budget.admits(m.kl_answer_mean, m.top1_agreement) && m.kl_answer_mean <= naive.kl_answer_mean;
 }
 
+// The method families calibrate() knows, each with settings to choose from (full, prefix and naive have none).
+inline constexpr std::array<std::string_view, 6> kCalibrationFamilies{"cacheblend", "attnlink",  "cachecraft",
+                                                                      "cachecraft-cover", "queryaware", "queryprobe"};
+
 // The settings calibrate() tries for a family, cheapest first.
 [[nodiscard]] inline std::vector<std::string> calibration_settings(std::string_view family) {
   if (family == "cacheblend") return {"cacheblend@0.05", "cacheblend@0.1", "cacheblend", "cacheblend@0.2",
@@ -108,10 +114,9 @@ struct Calibration {
   // of its own, its α from half the paper's down.
   if (family == "cachecraft-cover") return {"cachecraft@0.125-cover", "cachecraft@0.25-cover", "cachecraft@0.5-cover",
                                             "cachecraft-cover", "cachecraft@2-cover"};
-  throw error(fmt::format("calibration: unknown method family '{}' (cacheblend, queryaware, queryprobe, attnlink, "
-                          "cachecraft, cachecraft-cover; "
-                          "full, prefix and naive have no setting to calibrate)",
-                          family));
+  throw error(fmt::format("calibration: unknown method family '{}' ({}; full, prefix and naive have no setting to "
+                          "calibrate)",
+                          family, fmt::join(kCalibrationFamilies, ", ")));
 }
 
 // Measures naive reuse, then `family`'s settings cheapest first with evaluate(const FusionMethod&) ->
