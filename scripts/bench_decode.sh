@@ -3,13 +3,20 @@
 # two produce the same figures (every field of results.json but the timings).
 #   bash scripts/bench_decode.sh BEFORE_BIN AFTER_BIN OUT_DIR [RUNS]
 # The run: one MuSiQue question (question 0, 2 passages cut to 40 tokens), full prefill, naive reuse and CacheBlend,
-# 8 answer tokens each, teacher-forced: mostly one-token forward passes. Writes OUT_DIR/decode.csv (run, build,
-# seconds) and OUT_DIR/summary.json (medians, their ratio, same_figures).
+# 8 answer tokens each, teacher-forced: mostly one-token forward passes. SHAPE=prefill runs a prefill-heavy one
+# instead: question 0 with its 10 passages whole (about 1500 tokens), the same methods and answer tokens. Writes
+# OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json (medians, their ratio, same_figures, shape).
 set -euo pipefail
 before=$1 after=$2 out=$3 runs=${4:-5}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 model=${KVFUSE_MODEL:-$(bash "$root/scripts/fetch_model.sh" smollm2)}
 data=$root/../shared/data/musique_dev.json
+shape=${SHAPE:-decode}
+case $shape in
+  decode) passages=(--max-passages 2 --max-passage-tokens 40) ;;
+  prefill) passages=(--max-passages 10) ;;
+  *) echo "bench_decode.sh: SHAPE '$shape' is not decode or prefill" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -19,15 +26,15 @@ for ((i = 1; i <= runs; i++)); do
     bin=$before
     [[ $build == after ]] && bin=$after
     start=$(date +%s.%N)
-    "$bin" --model "$model" --data "$data" --limit 1 --max-passages 2 --max-passage-tokens 40 --max-new-tokens 8 \
+    "$bin" --model "$model" --data "$data" --limit 1 "${passages[@]}" --max-new-tokens 8 \
       --methods naive,cacheblend --threads 2 --no-plot --out "$tmp/$build" >/dev/null 2>&1
     end=$(date +%s.%N)
     echo "$i,$build,$(python3 -c "print(round($end - $start, 3))")" >>"$out/decode.csv"
   done
 done
-python3 - "$out" "$tmp" <<'PY'
+python3 - "$out" "$tmp" "$shape" <<'PY'
 import csv, json, statistics, sys
-out, tmp = sys.argv[1], sys.argv[2]
+out, tmp, shape = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = list(csv.DictReader(open(f"{out}/decode.csv")))
 med = {b: statistics.median(float(r["seconds"]) for r in rows if r["build"] == b) for b in ("before", "after")}
 def figures(x):  # every field but the timings
@@ -37,7 +44,7 @@ def figures(x):  # every field but the timings
         return [figures(v) for v in x]
     return x
 same = figures(json.load(open(f"{tmp}/before/results.json"))) == figures(json.load(open(f"{tmp}/after/results.json")))
-summary = {"median_s": med, "speedup": round(med["before"] / med["after"], 2), "runs": len(rows) // 2,
+summary = {"shape": shape, "median_s": med, "speedup": round(med["before"] / med["after"], 2), "runs": len(rows) // 2,
            "same_figures": same}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary))
