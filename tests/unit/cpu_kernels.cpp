@@ -184,6 +184,40 @@ TEST_CASE("softmax_row: the dispatched softmax equals attention_softmax_row to f
   }
 }
 
+TEST_CASE("mask_scale_row: the dispatched mask scales visible keys and masks the rest exactly as attention_visible") {
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<std::int64_t> position(0, 40);
+  const float factor = 0.125f * 1.44269504f;
+  int masked = 0;
+  int visible = 0;
+  for (const std::int64_t n : {0, 1, 7, 8, 9, 31, 100}) {
+    for (const std::int64_t window : {0, -1, 1, 3, 17}) {
+      for (const std::int64_t qpos : {0, 5, 20, 40}) {
+        std::vector<std::int64_t> pos(static_cast<std::size_t>(n));
+        for (std::int64_t& p : pos) p = position(rng);  // any order, repeats: positions, not indices
+        const std::vector<float> raw = random_floats(static_cast<std::size_t>(n), rng);
+        std::vector<float> fast = raw;
+        std::vector<float> slow = raw;
+        d::mask_scale_row(fast.data(), pos.data(), n, qpos, window, factor);
+        d::portable::mask_scale_row(slow.data(), pos.data(), n, qpos, window, factor);
+        INFO("n " << n << " window " << window << " qpos " << qpos);
+        CHECK(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)) == 0);
+        for (std::size_t r = 0; r < pos.size(); ++r) {
+          if (kvfuse::detail::attention_visible(pos[r], qpos, window)) {
+            CHECK(fast[r] == raw[r] * factor);
+            ++visible;
+          } else {
+            CHECK(fast[r] == -std::numeric_limits<float>::infinity());
+            ++masked;
+          }
+        }
+      }
+    }
+  }
+  CHECK(masked > 100);
+  CHECK(visible > 100);
+}
+
 TEST_CASE("dequantize_blocks_cpu (AVX2 where the CPU has it) equals ggml's reference bit for bit, any scale bits") {
   // Random bytes everywhere, scales included: fp16 scales that are NaN, infinite, subnormal or zero come up, and
   // products that overflow or round; the reference's arithmetic must be reproduced to the last bit. One exception:

@@ -1,5 +1,5 @@
 #pragma once
-// The hot loops of the reference CPU backend (backend/cpu/llama.hpp) — matrix products and the attention
+// The hot loops of the reference CPU backend (backend/cpu/llama.hpp) — matrix products, the attention mask and
 // softmax — in fp32 with fp32 accumulation, each in two versions chosen once at run time:
 //   portable  plain C++, compiled for whatever the including program targets (SSE2 on a plain x86-64 build)
 //   avx2      the same computation in AVX2 + FMA intrinsics, compiled with __attribute__((target("avx2,fma")))
@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "kvfuse/detail/attention.hpp"
 
@@ -119,6 +120,15 @@ inline void gemv(const float* w, std::int64_t ldw, std::int64_t n, std::int64_t 
 
 // Softmax of one row of n base-2 scores in place: detail::attention_softmax_row (detail/attention.hpp).
 inline void softmax_row(float* scores, std::int64_t n) { attention_softmax_row(scores, n); }
+
+// Raw dot products w[0..n) of a query at position qpos against keys at positions pos[0..n) -> base-2 scores:
+// w · factor where the key is visible (detail::attention_visible, the exact windowed causal mask by position), −inf
+// elsewhere.
+inline void mask_scale_row(float* w, const std::int64_t* pos, std::int64_t n, std::int64_t qpos, std::int64_t window,
+                           float factor) {
+  for (std::int64_t r = 0; r < n; ++r)
+    w[r] = attention_visible(pos[r], qpos, window) ? w[r] * factor : attention_neg_inf();
+}
 
 }  // namespace portable
 
@@ -294,6 +304,30 @@ KVFUSE_TARGET_AVX2 inline void softmax_row(float* scores, std::int64_t n) {
   for (std::int64_t j = n8; j < n; ++j) scores[j] *= inv;
 }
 
+// portable::mask_scale_row 8 keys at a time: the same products, the same −inf. A key is visible iff
+// lo < pos <= qpos with lo = qpos − window (no window: the lowest int64), attention_visible's condition.
+KVFUSE_TARGET_AVX2 inline void mask_scale_row(float* w, const std::int64_t* pos, std::int64_t n, std::int64_t qpos,
+                                              std::int64_t window, float factor) {
+  const std::int64_t lo = window > 0 ? qpos - window : std::numeric_limits<std::int64_t>::min();
+  const __m256i vq = _mm256_set1_epi64x(qpos);
+  const __m256i vlo = _mm256_set1_epi64x(lo);
+  const __m256i low_halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // lane i's low 32 bits to lane i / 2
+  const __m256 vf = _mm256_set1_ps(factor);
+  const __m256 vinf = _mm256_set1_ps(attention_neg_inf());
+  std::int64_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + r));
+    const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pos + r + 4));
+    const __m256i v0 = _mm256_andnot_si256(_mm256_cmpgt_epi64(p0, vq), _mm256_cmpgt_epi64(p0, vlo));
+    const __m256i v1 = _mm256_andnot_si256(_mm256_cmpgt_epi64(p1, vq), _mm256_cmpgt_epi64(p1, vlo));
+    const __m256i visible = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(v0, low_halves),
+                                                      _mm256_permutevar8x32_epi32(v1, low_halves), 0x20);
+    const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(w + r), vf);
+    _mm256_storeu_ps(w + r, _mm256_blendv_ps(vinf, scaled, _mm256_castsi256_ps(visible)));
+  }
+  portable::mask_scale_row(w + r, pos + r, n - r, qpos, window, factor);
+}
+
 }  // namespace avx2
 
 #define KVFUSE_TARGET_AVX512 __attribute__((target("avx512f,fma")))
@@ -423,6 +457,16 @@ inline void softmax_row(float* scores, std::int64_t n) {
   if (cpu_uses_avx2()) return avx2::softmax_row(scores, n);
 #endif
   portable::softmax_row(scores, n);
+}
+
+// Raw dot products of a query at position qpos -> base-2 scores, w · factor where attention_visible(pos[r], qpos,
+// window), −inf elsewhere (portable::mask_scale_row).
+inline void mask_scale_row(float* w, const std::int64_t* pos, std::int64_t n, std::int64_t qpos, std::int64_t window,
+                           float factor) {
+#if KVFUSE_CPU_DISPATCH_AVX2
+  if (cpu_uses_avx2()) return avx2::mask_scale_row(w, pos, n, qpos, window, factor);
+#endif
+  portable::mask_scale_row(w, pos, n, qpos, window, factor);
 }
 
 }  // namespace kvfuse::detail

@@ -357,10 +357,8 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
       const std::int64_t row = sel[static_cast<std::size_t>(i0 + i)];
       const std::int64_t qpos = pos[static_cast<std::size_t>(row)];
       float* w = p + i * nk;
-      for (std::int64_t r = 0; r < nk; ++r)  // exact (windowed) causal mask by position: −inf, probability 0
-        w[r] = detail::attention_visible(pos[static_cast<std::size_t>(r0 + r)], qpos, window)
-                   ? w[r] * factor
-                   : detail::attention_neg_inf();
+      // Exact (windowed) causal mask by position: −inf, probability 0.
+      detail::mask_scale_row(w, pos.data() + r0, nk, qpos, window, factor);
       detail::softmax_row(w, nk);  // the softmax of the kernels and their reference
       if (stats != nullptr) {
         std::fill(acc.begin(), acc.end(), 0.0);
