@@ -32,6 +32,7 @@ Usage: python3 scripts/check_docs.py [--root DIR] [--verbose] [--cake-grid GRID]
 """
 
 import argparse
+import csv
 import importlib.util
 import json
 import re
@@ -796,6 +797,55 @@ def check_server_cover(root):
             problem("docs/server.md", 1, f"prefix coverage in the server: '{phrase}' of summary.json is not said")
 
 
+def check_server_avx512(root):
+    """docs/server.md, "After the AVX-512 product": the calibration cell and llama-server on its requests
+    (results/server-avx512-2026-12-02/calibration/), the judged arms' medians and each run's ratios, and the ratios
+    the text says."""
+    page = Page(root, "docs/server.md")
+    d = root / "docs/results/server-avx512-2026-12-02"
+    cell = d / "calibration/cachecraft@1.5-cover"
+    page.compare("| Cache-Craft with prefix coverage after the AVX-512 product, calibration requests |",
+                 "server.md, AVX-512 calibration", {"α = 1.5 with prefix coverage": server_cell_row(cell)})
+    page.compare("| llama-server, calibration requests, 36c2ff3's run |", "server.md, AVX-512 calibration, llama-server",
+                 server_arm_rows(cell / "run-1",
+                                 {"no prompt cache": "llama-full", "prompt cache + `--cache-reuse 256`": "llama-reuse"}))
+    names = {"kvfuse-server, full prefill": "kvfuse-full",
+             "kvfuse-server, Cache-Craft α = 1.5 with prefix coverage": "kvfuse",
+             "llama-server, no prompt cache": "llama-full",
+             "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
+    judged = d / "requests-64x3"
+    page.compare("| arm, 3 × 64 requests, fe48849, medians |", "server.md, AVX-512, 3 x 64 requests",
+                 server_summary_rows(judged / "summary.json", names))
+    page.compare("| run, fe48849 |", "server.md, AVX-512, 3 x 64 requests per run",
+                 {str(n): server_run_ratios(judged / f"run-{n}") for n in (1, 2, 3)})
+    s = load_json(judged / "summary.json")
+    text = " ".join(" ".join(page.lines).split())
+    for phrase in (f"throughput {s['throughput_kvfuse_over_llama']:.2f} × llama-server",
+                   f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} ×",
+                   f"{s['kvfuse']['exact_match']:.3f} exact match against llama-server's "
+                   f"{s['llama-reuse']['exact_match']:.3f}"):
+        if phrase not in text:
+            problem("docs/server.md", 1, f"after the AVX-512 product: '{phrase}' of summary.json is not said")
+
+
+def check_cpu_prefill_avx512(root):
+    """docs/cpu-backend.md, "Prefill with AVX-512": each build's median and runs (decode.csv of
+    results/prefill-avx512-2026-12-02/), the speed-up and that the figures are the same (summary.json)."""
+    page = Page(root, "docs/cpu-backend.md")
+    d = root / "docs/results/prefill-avx512-2026-12-02"
+    rows = list(csv.DictReader(open(d / "decode.csv", encoding="utf-8")))
+    expected = {}
+    for build, label in (("before", "before (`a3d2e53`)"), ("after", "after (`fe48849`)")):
+        runs = [float(r["seconds"]) for r in rows if r["build"] == build]
+        expected[label] = [f"{st.median(runs):.2f}", ", ".join(f"{x:.2f}" for x in runs)]
+    page.compare("| build | wall s, median of 3 | runs (s) |", "cpu-backend.md, prefill with AVX-512", expected)
+    s = load_json(d / "summary.json")
+    text = " ".join(" ".join(page.lines).split())
+    if not s["same_figures"] or f"{s['speedup']:.2f} × faster end to end, the same figures" not in text:
+        problem("docs/cpu-backend.md", 1, f"prefill with AVX-512: summary.json's speed-up {s['speedup']} "
+                                          f"(same figures: {s['same_figures']}) is not what the page says")
+
+
 def check_results_cover_gate(root):
     """docs/results.md, 2026-12-02: every point the gate measured for Cache-Craft with prefix coverage, per model,
     from the calibration in each run's results.json, and the gate's verdict lines."""
@@ -1055,6 +1105,7 @@ def main():
               lambda: check_llamacpp_block_shift(root),
               lambda: check_llamacpp_prefix_coverage(root),
               lambda: check_server_cover(root), lambda: check_results_cover_gate(root),
+              lambda: check_cpu_prefill_avx512(root), lambda: check_server_avx512(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
