@@ -4,7 +4,7 @@
 #   bash scripts/bench_decode.sh BEFORE_BIN AFTER_BIN OUT_DIR [RUNS]
 # The run: one MuSiQue question (question 0, 2 passages cut to 40 tokens), full prefill, naive reuse and CacheBlend,
 # 8 answer tokens each, teacher-forced: mostly one-token forward passes. SHAPE=prefill runs a prefill-heavy one
-# instead: question 0 with its 10 passages whole (about 1500 tokens), the same methods and answer tokens. Writes
+# instead: question 0 with its 10 passages whole (about 6200 tokens), the same methods and answer tokens. Writes
 # OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json (medians, their ratio, same_figures, shape).
 set -euo pipefail
 before=$1 after=$2 out=$3 runs=${4:-5}

@@ -17,7 +17,7 @@ namespace unit_cpu_kernels_avx512 {
 
 namespace d = kvfuse::detail;
 
-TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, one or two panels, any ldc") {
+TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, one or two panels, an ldc past n") {
 #if KVFUSE_CPU_DISPATCH_AVX2
   if (!d::cpu_uses_avx512()) {
     kvfuse_test::skip("this CPU has no AVX-512F (or no AVX2 + FMA): the avx512 product cannot run here");

@@ -305,7 +305,8 @@ KVFUSE_TARGET_AVX2 inline void softmax_row(float* scores, std::int64_t n) {
 }
 
 // portable::mask_scale_row 8 keys at a time: the same products, the same −inf. A key is visible iff
-// lo < pos <= qpos with lo = qpos − window (no window: the lowest int64), attention_visible's condition.
+// lo < pos <= qpos with lo = qpos − window (no window: the lowest int64), attention_visible's condition for every
+// position above the lowest int64 (the engine's are >= 0).
 KVFUSE_TARGET_AVX2 inline void mask_scale_row(float* w, const std::int64_t* pos, std::int64_t n, std::int64_t qpos,
                                               std::int64_t window, float factor) {
   const std::int64_t lo = window > 0 ? qpos - window : std::numeric_limits<std::int64_t>::min();
