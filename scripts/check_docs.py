@@ -763,69 +763,37 @@ def check_server_cachecraft(root):
             problem("docs/server.md", 1, f"Cache-Craft in the server: the ratio '{phrase}' of summary.json is not said")
 
 
-def check_server_cover(root):
-    """docs/server.md, "Cache-Craft with prefix coverage in the server": the settings measured on the calibration
-    requests (results/server-cover-2026-12-02/calibration/), the judged arms' medians (summary.json) and each run's
-    ratios, and the ratios the text says."""
+def check_server_coverage(root, results, alphas, llama_alpha, judged_alpha, commit, anchors, what):
+    """docs/server.md, a section on Cache-Craft with prefix coverage in the server (docs/results/<results>/): the
+    settings measured on the calibration requests (calibration/cachecraft@<α>-cover/) and llama-server on the
+    requests of the α = llama_alpha run, then the issue's protocol for α = judged_alpha (requests-64x3/): the arms'
+    medians (summary.json), each run's ratios, and the median ratios and exact matches the text says. anchors: the
+    calibration table's and llama-server's calibration table's header starts."""
     page = Page(root, "docs/server.md")
-    d = root / "docs/results/server-cover-2026-12-02"
+    d = root / "docs/results" / results
     cal = d / "calibration"
-    rows = {}
-    for alpha in ("1", "2"):
-        cell = cal / f"cachecraft@{alpha}-cover"
-        rows[f"α = {alpha} with prefix coverage"] = server_cell_row(cell)
-    page.compare("| Cache-Craft with prefix coverage, calibration requests |", "server.md, coverage calibration", rows)
-    page.compare("| llama-server, calibration requests |", "server.md, coverage calibration, llama-server",
-                 server_arm_rows(cal / "cachecraft@1-cover/run-1",
+    page.compare(anchors[0], f"server.md, {what}, calibration",
+                 {f"α = {a} with prefix coverage": server_cell_row(cal / f"cachecraft@{a}-cover") for a in alphas})
+    page.compare(anchors[1], f"server.md, {what}, calibration, llama-server",
+                 server_arm_rows(cal / f"cachecraft@{llama_alpha}-cover/run-1",
                                  {"no prompt cache": "llama-full", "prompt cache + `--cache-reuse 256`": "llama-reuse"}))
+    judged = d / "requests-64x3"
     names = {"kvfuse-server, full prefill": "kvfuse-full",
-             "kvfuse-server, Cache-Craft α = 2 with prefix coverage": "kvfuse",
+             f"kvfuse-server, Cache-Craft α = {judged_alpha} with prefix coverage": "kvfuse",
              "llama-server, no prompt cache": "llama-full",
              "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
-    judged = d / "requests-64x3"
-    page.compare("| arm, 3 × 64 requests, e8632a8, medians |", "server.md, coverage, 3 x 64 requests",
+    page.compare(f"| arm, 3 × 64 requests, {commit}, medians |", f"server.md, {what}, 3 x 64 requests",
                  server_summary_rows(judged / "summary.json", names))
-    page.compare("| run, e8632a8 |", "server.md, coverage, 3 x 64 requests per run",
+    page.compare(f"| run, {commit} |", f"server.md, {what}, 3 x 64 requests per run",
                  {str(n): server_run_ratios(judged / f"run-{n}") for n in (1, 2, 3)})
     s = load_json(judged / "summary.json")
     text = " ".join(" ".join(page.lines).split())
-    for phrase in (f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} × llama-server with `--cache-reuse`",
+    for phrase in (f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} ×",
                    f"throughput {s['throughput_kvfuse_over_llama']:.2f} ×",
                    f"{s['kvfuse']['exact_match']:.3f} exact match against llama-server's "
                    f"{s['llama-reuse']['exact_match']:.3f}"):
         if phrase not in text:
-            problem("docs/server.md", 1, f"prefix coverage in the server: '{phrase}' of summary.json is not said")
-
-
-def check_server_avx512(root):
-    """docs/server.md, "After the AVX-512 product": the calibration cell and llama-server on its requests
-    (results/server-avx512-2026-12-02/calibration/), the judged arms' medians and each run's ratios, and the ratios
-    the text says."""
-    page = Page(root, "docs/server.md")
-    d = root / "docs/results/server-avx512-2026-12-02"
-    cell = d / "calibration/cachecraft@1.5-cover"
-    page.compare("| Cache-Craft with prefix coverage after the AVX-512 product, calibration requests |",
-                 "server.md, AVX-512 calibration", {"α = 1.5 with prefix coverage": server_cell_row(cell)})
-    page.compare("| llama-server, calibration requests, 36c2ff3's run |", "server.md, AVX-512 calibration, llama-server",
-                 server_arm_rows(cell / "run-1",
-                                 {"no prompt cache": "llama-full", "prompt cache + `--cache-reuse 256`": "llama-reuse"}))
-    names = {"kvfuse-server, full prefill": "kvfuse-full",
-             "kvfuse-server, Cache-Craft α = 1.5 with prefix coverage": "kvfuse",
-             "llama-server, no prompt cache": "llama-full",
-             "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
-    judged = d / "requests-64x3"
-    page.compare("| arm, 3 × 64 requests, fe48849, medians |", "server.md, AVX-512, 3 x 64 requests",
-                 server_summary_rows(judged / "summary.json", names))
-    page.compare("| run, fe48849 |", "server.md, AVX-512, 3 x 64 requests per run",
-                 {str(n): server_run_ratios(judged / f"run-{n}") for n in (1, 2, 3)})
-    s = load_json(judged / "summary.json")
-    text = " ".join(" ".join(page.lines).split())
-    for phrase in (f"throughput {s['throughput_kvfuse_over_llama']:.2f} × llama-server",
-                   f"TTFT p50 {s['ttft_p50_kvfuse_over_llama']:.3f} ×",
-                   f"{s['kvfuse']['exact_match']:.3f} exact match against llama-server's "
-                   f"{s['llama-reuse']['exact_match']:.3f}"):
-        if phrase not in text:
-            problem("docs/server.md", 1, f"after the AVX-512 product: '{phrase}' of summary.json is not said")
+            problem(page.name, 1, f"{what}: '{phrase}' of summary.json is not said")
 
 
 def check_cpu_prefill_avx512(root):
@@ -1104,8 +1072,15 @@ def main():
               lambda: check_llamacpp_lazy_restore(root),
               lambda: check_llamacpp_block_shift(root),
               lambda: check_llamacpp_prefix_coverage(root),
-              lambda: check_server_cover(root), lambda: check_results_cover_gate(root),
-              lambda: check_cpu_prefill_avx512(root), lambda: check_server_avx512(root),
+              lambda: check_server_coverage(  # "Cache-Craft with prefix coverage in the server"
+                  root, "server-cover-2026-12-02", ("1", "2"), "1", "2", "e8632a8",
+                  ("| Cache-Craft with prefix coverage, calibration requests |", "| llama-server, calibration requests |"),
+                  "prefix coverage in the server"),
+              lambda: check_server_coverage(  # "After the AVX-512 product"
+                  root, "server-avx512-2026-12-02", ("1.5",), "1.5", "1.5", "fe48849",
+                  ("| Cache-Craft with prefix coverage after the AVX-512 product, calibration requests |",
+                   "| llama-server, calibration requests, 36c2ff3's run |"), "after the AVX-512 product"),
+              lambda: check_results_cover_gate(root), lambda: check_cpu_prefill_avx512(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
