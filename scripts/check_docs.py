@@ -798,7 +798,8 @@ def check_server_coverage(root, results, alphas, llama_alpha, judged_alpha, comm
 
 def check_cpu_prefill_avx512(root):
     """docs/cpu-backend.md, "Prefill with AVX-512": each build's median and runs (decode.csv of
-    results/prefill-avx512-2026-12-02/), the speed-up and that the figures are the same (summary.json)."""
+    results/prefill-avx512-2026-12-02/), the speed-up and that the figures are the same (summary.json), and the
+    product's GFLOP/s per version and shape (gemm.json, Google Benchmark's medians)."""
     page = Page(root, "docs/cpu-backend.md")
     d = root / "docs/results/prefill-avx512-2026-12-02"
     rows = list(csv.DictReader(open(d / "decode.csv", encoding="utf-8")))
@@ -807,6 +808,14 @@ def check_cpu_prefill_avx512(root):
         runs = [float(r["seconds"]) for r in rows if r["build"] == build]
         expected[label] = [f"{st.median(runs):.2f}", ", ".join(f"{x:.2f}" for x in runs)]
     page.compare("| build | wall s, median of 3 | runs (s) |", "cpu-backend.md, prefill with AVX-512", expected)
+    med = {b["name"].removesuffix("_median"): b["GFLOP/s"] for b in load_json(d / "gemm.json")["benchmarks"]
+           if b.get("aggregate_name") == "median"}
+    gemm = {}
+    for m, k, n in ((64, 576, 1536), (64, 1536, 576), (64, 576, 192), (64, 64, 700), (64, 700, 64)):
+        g = {v: med[f"BM_GemmPacked/{v}/m:{m}/k:{k}/n:{n}"] for v in ("portable", "avx2", "avx512")}
+        gemm[f"{m} × {k} × {n}"] = [f"{g['portable']:.1f}", f"{g['avx2']:.1f}", f"{g['avx512']:.1f}",
+                                    f"{g['avx512'] / g['avx2']:.2f}"]
+    page.compare("| shape m × k × n |", "cpu-backend.md, BM_GemmPacked", gemm)
     s = load_json(d / "summary.json")
     text = " ".join(" ".join(page.lines).split())
     if not s["same_figures"] or f"{s['speedup']:.2f} × faster end to end, the same figures" not in text:
