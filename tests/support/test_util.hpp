@@ -1,6 +1,6 @@
 #pragma once
-// Helpers the unit tests share (one definition each): the largest element-wise difference of two float
-// sequences, whether the last kernel-launcher refusal message names a value, and a temporary directory.
+// Helpers the unit tests share (one definition each): random floats, the largest element-wise difference of two
+// float sequences, whether the last kernel-launcher refusal message names a value, and a temporary directory.
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,6 +41,14 @@ inline std::vector<kvfuse::token_id> iota_tokens(std::int64_t n) {
   std::vector<kvfuse::token_id> t(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<kvfuse::token_id>(1000 + i);
   return t;
+}
+
+// n floats uniform in [-1, 1) from rng.
+inline std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
 }
 
 // max_i |a_i − b_i| in double; the sizes must match.

@@ -20,6 +20,7 @@
 #include "kvfuse/backend/cpu/weight_matrix.hpp"
 #include "kvfuse/model/ggml_quant.hpp"
 #include "../support/small_llama.hpp"
+#include "../support/test_util.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_cpu_kernels {
@@ -30,12 +31,7 @@ namespace d = kvfuse::detail;
 using kvfuse::GGMLType;
 using kvfuse::WeightMatrix;
 
-std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
+using kvfuse_test::random_floats;
 
 // Random ggml blocks of `type` for rows x cols, with every fp16 scale field set to `scale` (finite values).
 std::vector<std::byte> random_blocks(GGMLType type, std::int64_t rows, std::int64_t cols, std::mt19937& rng) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/model_path.hpp"
+#include "../support/test_util.hpp"
 
 // Each unit test file lives in its own namespace: the files are compiled together (a unity build).
 namespace unit_cpu_kernels_avx512 {
@@ -24,16 +25,13 @@ TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, 
     return;
   }
   std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int compared = 0;
   // m: every remainder of the 8-row tile, several 64-row blocks; n: partial, whole and odd panel counts.
   for (const std::int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17, 63, 64, 65, 130}) {
     for (const std::int64_t k : {1, 8, 33, 64, 576}) {
       for (const std::int64_t n : {1, 15, 16, 17, 31, 32, 33, 48, 100}) {
-        std::vector<float> a(static_cast<std::size_t>(m * k));
-        std::vector<float> b(static_cast<std::size_t>(k * n));
-        for (float& x : a) x = u(rng);
-        for (float& x : b) x = u(rng);
+        const std::vector<float> a = kvfuse_test::random_floats(static_cast<std::size_t>(m * k), rng);
+        const std::vector<float> b = kvfuse_test::random_floats(static_cast<std::size_t>(k * n), rng);
         std::vector<float> panels(static_cast<std::size_t>(d::packed_size(k, n)));
         d::pack_rows(b.data(), n, k, n, panels.data());
         const std::int64_t ldc = n + 5;  // columns past n must stay untouched

@@ -422,7 +422,8 @@ inline bool cpu_uses_avx512() noexcept {
 #endif
 }
 
-// The dispatched kernels: the avx2 version where cpu_uses_avx2(), else the portable one.
+// The dispatched kernels: the avx2 version where cpu_uses_avx2(), else the portable one (gemm_packed: avx512's
+// before both where cpu_uses_avx512()).
 
 // Panels of B = S^T for a row-major S [n][k] with row stride ld_s (B[p][j] = S[j][p]): weight rows W [out][in]
 // become the B of y = x W^T, key rows the B of q K^T.
