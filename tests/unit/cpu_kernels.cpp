@@ -113,6 +113,45 @@ TEST_CASE("gemm_packed: dispatched and portable products equal the double produc
   }
 }
 
+TEST_CASE("gemm_packed with a panel_stride: the first k rows of panels packed for more rows give the same bits as "
+          "panels packed for k") {
+  std::mt19937 rng(9);
+  int compared = 0;
+  for (const std::int64_t m : {1, 7, 8, 70}) {
+    for (const std::int64_t k : {1, 17, 64}) {
+      for (const std::int64_t n : {5, 16, 40, 64}) {
+        const std::int64_t rows = k + 19;  // B is the first k of these rows (attention: a block's keys of V)
+        const std::vector<float> a = random_floats(static_cast<std::size_t>(m * k), rng);
+        const std::vector<float> b = random_floats(static_cast<std::size_t>(rows * n), rng);
+        std::vector<float> own(static_cast<std::size_t>(d::packed_size(k, n)));
+        std::vector<float> longer(static_cast<std::size_t>(d::packed_size(rows, n)));
+        d::pack_rows(b.data(), n, k, n, own.data());
+        d::pack_rows(b.data(), n, rows, n, longer.data());
+        const auto product = [&](auto gemm, const std::vector<float>& panels, std::int64_t stride) {
+          std::vector<float> c(static_cast<std::size_t>(m * n), -1.0f);
+          gemm(a.data(), k, m, k, panels.data(), n, c.data(), n, stride);
+          return c;
+        };
+        const auto dispatched = [](auto... x) { d::gemm_packed(x...); };
+        const auto portable = [](auto... x) { d::portable::gemm_packed(x...); };
+        INFO("m " << m << " k " << k << " n " << n);
+        const std::int64_t stride = d::kPanelWidth * rows;
+        CHECK(product(dispatched, longer, stride) == product(dispatched, own, 0));
+        CHECK(product(portable, longer, stride) == product(portable, own, 0));
+        CHECK(product(portable, own, d::kPanelWidth * k) == product(portable, own, 0));
+#if KVFUSE_CPU_DISPATCH_AVX2
+        if (d::cpu_uses_avx2()) {
+          const auto avx2 = [](auto... x) { d::avx2::gemm_packed(x...); };
+          CHECK(product(avx2, longer, stride) == product(avx2, own, 0));
+        }
+#endif
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 4 * 3 * 4);
+}
+
 TEST_CASE("pack_transposed: the dispatched packer moves the same floats as the portable one, any row stride") {
   std::mt19937 rng(9);
   for (const std::int64_t n : {1, 8, 16, 31, 32, 48}) {

@@ -18,7 +18,8 @@ namespace unit_cpu_kernels_avx512 {
 
 namespace d = kvfuse::detail;
 
-TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, one or two panels, an ldc past n") {
+TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, one or two panels, an ldc past n, "
+          "a panel_stride") {
 #if KVFUSE_CPU_DISPATCH_AVX2
   if (!d::cpu_uses_avx512()) {
     kvfuse_test::skip("this CPU has no AVX-512F (or no AVX2 + FMA): the avx512 product cannot run here");
@@ -41,6 +42,14 @@ TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, 
         d::avx2::gemm_packed(a.data(), k, m, k, panels.data(), n, narrow.data(), ldc);
         INFO("m " << m << " k " << k << " n " << n);
         CHECK(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)) == 0);
+        // The same B as the first k rows of panels packed for k + 3 rows (gemm_packed's panel_stride).
+        std::vector<float> b_longer(b);
+        b_longer.resize(static_cast<std::size_t>((k + 3) * n), 5.0f);
+        std::vector<float> longer(static_cast<std::size_t>(d::packed_size(k + 3, n)));
+        d::pack_rows(b_longer.data(), n, k + 3, n, longer.data());
+        std::vector<float> strided(wide.size(), 777.0f);
+        d::avx512::gemm_packed(a.data(), k, m, k, longer.data(), n, strided.data(), ldc, d::kPanelWidth * (k + 3));
+        CHECK(std::memcmp(strided.data(), narrow.data(), wide.size() * sizeof(float)) == 0);
         ++compared;
       }
     }

@@ -93,13 +93,15 @@ inline void gemm_tile(const float* a, std::int64_t lda, const float* panel, std:
 
 inline constexpr int kTileRows = 4;
 
-// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels).
+// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels, panel_stride floats apart; 0:
+// kPanelWidth * k, one after the other).
 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, const float* panels,
-                        std::int64_t n, float* c, std::int64_t ldc) {
+                        std::int64_t n, float* c, std::int64_t ldc, std::int64_t panel_stride = 0) {
+  const std::int64_t stride = panel_stride == 0 ? kPanelWidth * k : panel_stride;
   for (std::int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
     const std::int64_t i1 = std::min(m, i0 + kRowBlock);
     for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
-      const float* panel = panels + j0 * k;
+      const float* panel = panels + j0 / kPanelWidth * stride;
       const std::int64_t nc = std::min(kPanelWidth, n - j0);
       std::int64_t i = i0;
       for (; i + kTileRows <= i1; i += kTileRows) gemm_tile<kTileRows>(a + i * lda, lda, panel, k, c + i * ldc + j0, ldc, nc);
@@ -171,11 +173,13 @@ KVFUSE_TARGET_AVX2 inline void gemm_tile(const float* a, std::int64_t lda, const
 inline constexpr int kTileRows = 6;
 
 KVFUSE_TARGET_AVX2 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k,
-                                           const float* panels, std::int64_t n, float* c, std::int64_t ldc) {
+                                           const float* panels, std::int64_t n, float* c, std::int64_t ldc,
+                                           std::int64_t panel_stride = 0) {
+  const std::int64_t stride = panel_stride == 0 ? kPanelWidth * k : panel_stride;
   for (std::int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
     const std::int64_t i1 = std::min(m, i0 + kRowBlock);
     for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
-      const float* panel = panels + j0 * k;
+      const float* panel = panels + j0 / kPanelWidth * stride;
       const std::int64_t nc = std::min(kPanelWidth, n - j0);
       float* cj = c + j0;
       std::int64_t i = i0;
@@ -367,9 +371,8 @@ inline constexpr int kTileRows = 8;
 // The rows i0 .. i1 of C for NP adjacent panels: tiles of kTileRows rows, then one tile of the rest.
 template <int NP>
 KVFUSE_TARGET_AVX512 inline void gemm_rows(const float* a, std::int64_t lda, std::int64_t i0, std::int64_t i1,
-                                           const float* panel, std::int64_t k, float* c, std::int64_t ldc,
-                                           std::int64_t nc) {
-  const std::int64_t stride = kPanelWidth * k;
+                                           const float* panel, std::int64_t stride, std::int64_t k, float* c,
+                                           std::int64_t ldc, std::int64_t nc) {
   std::int64_t i = i0;
   for (; i + kTileRows <= i1; i += kTileRows) gemm_tile<kTileRows, NP>(a + i * lda, lda, panel, stride, k, c + i * ldc, ldc, nc);
   const float* ai = a + i * lda;
@@ -388,13 +391,16 @@ KVFUSE_TARGET_AVX512 inline void gemm_rows(const float* a, std::int64_t lda, std
 
 // avx2::gemm_packed two panels (32 columns) at a time: the same bits.
 KVFUSE_TARGET_AVX512 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k,
-                                             const float* panels, std::int64_t n, float* c, std::int64_t ldc) {
+                                             const float* panels, std::int64_t n, float* c, std::int64_t ldc,
+                                             std::int64_t panel_stride = 0) {
+  const std::int64_t stride = panel_stride == 0 ? kPanelWidth * k : panel_stride;
   for (std::int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
     const std::int64_t i1 = std::min(m, i0 + kRowBlock);
     for (std::int64_t j0 = 0; j0 < n; j0 += 2 * kPanelWidth) {
       const std::int64_t nc = std::min(2 * kPanelWidth, n - j0);
-      if (nc > kPanelWidth) gemm_rows<2>(a, lda, i0, i1, panels + j0 * k, k, c + j0, ldc, nc);
-      else gemm_rows<1>(a, lda, i0, i1, panels + j0 * k, k, c + j0, ldc, nc);
+      const float* panel = panels + j0 / kPanelWidth * stride;
+      if (nc > kPanelWidth) gemm_rows<2>(a, lda, i0, i1, panel, stride, k, c + j0, ldc, nc);
+      else gemm_rows<1>(a, lda, i0, i1, panel, stride, k, c + j0, ldc, nc);
     }
   }
 }
@@ -434,14 +440,16 @@ inline void pack_transposed(const float* s, std::int64_t ld_s, std::int64_t n, s
   portable::pack_transposed(s, ld_s, n, k, panels);
 }
 
-// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels, see the header).
+// C [m][n] (row stride ldc) = A [m][k] (row stride lda) · B [k][n] (packed panels, see the header; panel_stride
+// floats apart, 0: kPanelWidth * k, as the packers write them for k rows — more when B is the first k rows of
+// panels packed for more).
 inline void gemm_packed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, const float* panels,
-                        std::int64_t n, float* c, std::int64_t ldc) {
+                        std::int64_t n, float* c, std::int64_t ldc, std::int64_t panel_stride = 0) {
 #if KVFUSE_CPU_DISPATCH_AVX2
-  if (cpu_uses_avx512()) return avx512::gemm_packed(a, lda, m, k, panels, n, c, ldc);
-  if (cpu_uses_avx2()) return avx2::gemm_packed(a, lda, m, k, panels, n, c, ldc);
+  if (cpu_uses_avx512()) return avx512::gemm_packed(a, lda, m, k, panels, n, c, ldc, panel_stride);
+  if (cpu_uses_avx2()) return avx2::gemm_packed(a, lda, m, k, panels, n, c, ldc, panel_stride);
 #endif
-  portable::gemm_packed(a, lda, m, k, panels, n, c, ldc);
+  portable::gemm_packed(a, lda, m, k, panels, n, c, ldc, panel_stride);
 }
 
 // y[j] = Σ_p W[j][p] x[p] for the n rows of a row-major W [n][k] (row stride ldw).

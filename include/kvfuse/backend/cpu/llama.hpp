@@ -283,8 +283,24 @@ class CpuLlama {
   // y = RMSNorm(x) ⊙ weight, row by row.
   void rms_norm(const RowMatrix& x, const Eigen::VectorXf& weight, RowMatrix& y) const {
     y.resize(x.rows(), x.cols());
-    for (Eigen::Index i = 0; i < x.rows(); ++i)
+    rows_in_parallel(x.rows(), 4 * x.cols(), [&](Eigen::Index i) {
       y.row(i) = (x.row(i) * rms_scale(x.row(i))).cwiseProduct(weight.transpose());
+    });
+  }
+
+  // f(i) for every row i in [0, rows), rows of about `row_work` operations each, in contiguous ranges over the
+  // pool's threads (one range below kParallelWork in all): each row's result is the same on any thread.
+  template <class F>
+  void rows_in_parallel(std::int64_t rows, std::int64_t row_work, F&& f) const {
+    const std::int64_t tasks = tasks_for(rows * row_work, rows);
+    const auto range = [&](std::int64_t t) {
+      for (std::int64_t i = rows * t / tasks; i < rows * (t + 1) / tasks; ++i) f(static_cast<Eigen::Index>(i));
+    };
+    if (tasks == 1) {
+      range(0);
+    } else {
+      pool_->parallel_for(tasks, range);
+    }
   }
 
   // In place, each of the `heads` head vectors of every row: RMSNorm over head_dim ⊙ weight ([head_dim]), the
@@ -298,12 +314,20 @@ class CpuLlama {
     return static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(v.size()) + config_.rms_eps));
   }
 
+  // KV rows [begin, end), all of attention group `group` (LayerNeeds::groups: a chunk, or the rest): the group
+  // mass of a query sums its weights one run at a time.
+  struct GroupRun {
+    std::int64_t begin = 0;
+    std::int64_t end = 0;
+    std::int64_t group = 0;
+  };
+
   // Attention of the selected rows' queries q ([|sel|][q_dim], rotated) over layer `layer` of kv; writes
-  // out ([|sel|][q_dim]), when `groups` is set the statistics, and when `query_mass` is set ([|sel|]) the
+  // out ([|sel|][q_dim]), when `group_runs` is set the statistics, and when `query_mass` is set ([|sel|]) the
   // weight the entries `query` of sel put on each selected row, summed over them and over the heads (on a
   // sliding-window layer, without the window: see below), and into row_query_mass ([kv rows]) on every row.
   void attention(std::int64_t layer, const LlamaKVCache& kv, const TokenSet& sel, const RowMatrix& q, RowMatrix& out,
-                 const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups, LayerAttention* stats,
+                 const std::vector<GroupRun>* group_runs, std::int64_t num_groups, LayerAttention* stats,
                  TokenRange query, std::vector<float>* query_mass, std::vector<float>* row_query_mass) const;
 
   // Rows [0, kv.num_rows()) of `kv` (their tokens), in blocks of CpuLlamaOptions::prefill_block_rows; the last row's

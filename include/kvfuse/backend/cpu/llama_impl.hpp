@@ -292,7 +292,7 @@ KVFUSE_CPU_INLINE void CpuLlama::rms_norm_heads(RowMatrix& x, std::int64_t heads
 
 KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCache& kv, const TokenSet& sel,
                                            const RowMatrix& q, RowMatrix& out,
-                                           const std::vector<std::int32_t>* group_of_row, std::int64_t num_groups,
+                                           const std::vector<GroupRun>* group_runs, std::int64_t num_groups,
                                            LayerAttention* stats, TokenRange query,
                                            std::vector<float>* query_mass,
                                            std::vector<float>* row_query_mass) const {
@@ -349,10 +349,56 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
   if (query_mass != nullptr) head_query.assign(static_cast<std::size_t>(n_head * query_blocks * n_rows), 0.0);
   // Base-2 scores (detail/attention.hpp): q·k · scale · log2(e).
   const float factor = detail::attention_score_factor(config_.attention_score_scale());
+  // Group mass of head h for the block's rows i0 .. i0 + m − 1 (probabilities p, as attend_rows leaves them): each
+  // query's weights summed per group in double, in the order of the KV rows; kLanes queries at a time, so that
+  // their independent chains of additions overlap (the sums are the same as one query at a time).
+  const auto group_mass = [&](std::int64_t h, std::int64_t i0, std::int64_t m, std::int64_t r0, std::int64_t nk,
+                              const float* p) {
+    constexpr std::int64_t kLanes = 4;
+    thread_local std::vector<double> acc;
+    for (std::int64_t i = 0; i < m; i += kLanes) {
+      const std::int64_t lanes = std::min(kLanes, m - i);
+      acc.assign(static_cast<std::size_t>(kLanes * num_groups), 0.0);
+      for (const GroupRun& run : *group_runs) {
+        const std::int64_t lo = std::max(run.begin, r0) - r0;
+        const std::int64_t hi = std::min(run.end, r0 + nk) - r0;
+        if (lo >= hi) continue;
+        double* a = acc.data() + run.group;  // lane l's sum of this group: a[l * num_groups]
+        if (lanes == kLanes) {
+          const float* w0 = p + i * nk;
+          double a0 = a[0], a1 = a[num_groups], a2 = a[2 * num_groups], a3 = a[3 * num_groups];
+          for (std::int64_t r = lo; r < hi; ++r) {
+            a0 += w0[r];
+            a1 += w0[nk + r];
+            a2 += w0[2 * nk + r];
+            a3 += w0[3 * nk + r];
+          }
+          a[0] = a0;
+          a[num_groups] = a1;
+          a[2 * num_groups] = a2;
+          a[3 * num_groups] = a3;
+          continue;
+        }
+        for (std::int64_t l = 0; l < lanes; ++l) {
+          const float* w = p + (i + l) * nk;
+          double sum = a[l * num_groups];
+          for (std::int64_t r = lo; r < hi; ++r) sum += w[r];
+          a[l * num_groups] = sum;
+        }
+      }
+      for (std::int64_t l = 0; l < lanes; ++l) {
+        float* dst = head_mass.data() + ((h * s) + i0 + i + l) * num_groups;
+        for (std::int64_t gi = 0; gi < num_groups; ++gi)
+          dst[gi] = static_cast<float>(acc[static_cast<std::size_t>(l * num_groups + gi)]);
+        const std::int64_t row = sel[static_cast<std::size_t>(i0 + i + l)];
+        head_self[static_cast<std::size_t>(h * s + i0 + i + l)] = p[(i + l) * nk + row - r0];
+      }
+    }
+  };
   // Scores p ([m][nk], row i: query i0 + i against rows r0 ..) of head h, block b -> probabilities, in place:
   // the exact (windowed) causal mask, softmax, and the statistics the caller asked for.
   const auto attend_rows = [&](std::int64_t h, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t r0,
-                               std::int64_t nk, float* p, std::vector<double>& acc) {
+                               std::int64_t nk, float* p) {
     for (std::int64_t i = 0; i < m; ++i) {
       const std::int64_t row = sel[static_cast<std::size_t>(i0 + i)];
       const std::int64_t qpos = pos[static_cast<std::size_t>(row)];
@@ -360,24 +406,30 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
       // Exact (windowed) causal mask by position: −inf, probability 0.
       detail::mask_scale_row(w, pos.data() + r0, nk, qpos, window, factor);
       detail::softmax_row(w, nk);  // the softmax of the kernels and their reference
-      if (stats != nullptr) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (std::int64_t r = 0; r < nk; ++r)
-          acc[static_cast<std::size_t>((*group_of_row)[static_cast<std::size_t>(r0 + r)])] += w[r];
-        float* dst = head_mass.data() + ((h * s) + i0 + i) * num_groups;
-        for (std::int64_t gi = 0; gi < num_groups; ++gi)
-          dst[gi] = static_cast<float>(acc[static_cast<std::size_t>(gi)]);
-        head_self[static_cast<std::size_t>(h * s + i0 + i)] = w[row - r0];
-      }
       if (query_mass != nullptr && window == 0 && query.contains(i0 + i)) {
         double* col = head_query.data() + ((h * query_blocks) + b - query_block0) * n_rows + r0;
         for (std::int64_t r = 0; r < nk; ++r) col[r] += w[r];
       }
     }
+    if (stats != nullptr) group_mass(h, i0, m, r0, nk, p);
+  };
+  // K^T and V of KV head g, rows [0, max keys), packed once for all blocks when every block's keys start at row 0 (no
+  // sliding window): a block's keys are the first nk columns of K^T's panels (columns past them are computed and not
+  // stored) and the first nk rows of V's (gemm_packed's panel_stride), so each product is the one of the block's own.
+  const std::int64_t shared_keys = window == 0 && blocks > 0 ? *std::max_element(keys.begin(), keys.end()) : 0;
+  const std::int64_t k_size = detail::packed_size(hd, shared_keys);  // K^T [hd][keys]
+  const std::int64_t v_size = detail::packed_size(shared_keys, hd);  // V [keys][hd]
+  thread_local std::vector<float> shared_panels;  // the calling thread's: the tasks read it through `shared`
+  shared_panels.resize(static_cast<std::size_t>(config_.n_head_kv * (k_size + v_size)));
+  float* const shared = shared_panels.data();
+  const auto pack_shared = [&](std::int64_t g) {
+    float* k_dst = shared + g * (k_size + v_size);
+    detail::pack_transposed(kv.k_row(layer, 0) + g * hd, kvd, shared_keys, hd, k_dst);
+    detail::pack_rows(kv.v_row(layer, 0) + g * hd, kvd, shared_keys, hd, k_dst + k_size);
   };
   // One task: KV head g (GQA: the consecutive query heads g·group .. g·group + group − 1 share it) and one
   // block of queries; the K^T and V rows the block can see are packed once (detail/cpu_kernels.hpp) for all
-  // the group's heads, then per head: scores, mask, softmax, P V.
+  // the group's heads unless shared above, then per head: scores, mask, softmax, P V.
   const auto group_block = [&](std::int64_t task) {
     const std::int64_t g = task / blocks;
     const std::int64_t b = task % blocks;
@@ -388,16 +440,23 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
     thread_local std::vector<float> k_panels;
     thread_local std::vector<float> v_panels;
     thread_local std::vector<float> scores;
-    k_panels.resize(static_cast<std::size_t>(detail::packed_size(hd, nk)));
-    v_panels.resize(static_cast<std::size_t>(detail::packed_size(nk, hd)));
+    const float* k_packed = shared + g * (k_size + v_size);
+    const float* v_packed = k_packed + k_size;
+    std::int64_t v_stride = detail::kPanelWidth * shared_keys;
+    if (shared_keys == 0) {
+      k_panels.resize(static_cast<std::size_t>(detail::packed_size(hd, nk)));
+      v_panels.resize(static_cast<std::size_t>(detail::packed_size(nk, hd)));
+      detail::pack_transposed(kv.k_row(layer, r0) + g * hd, kvd, nk, hd, k_panels.data());
+      detail::pack_rows(kv.v_row(layer, r0) + g * hd, kvd, nk, hd, v_panels.data());
+      k_packed = k_panels.data();
+      v_packed = v_panels.data();
+      v_stride = 0;
+    }
     scores.resize(static_cast<std::size_t>(m * nk));
-    detail::pack_transposed(kv.k_row(layer, r0) + g * hd, kvd, nk, hd, k_panels.data());
-    detail::pack_rows(kv.v_row(layer, r0) + g * hd, kvd, nk, hd, v_panels.data());
-    std::vector<double> acc(static_cast<std::size_t>(num_groups));
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-      detail::gemm_packed(q.data() + i0 * qd + h * hd, qd, m, hd, k_panels.data(), nk, scores.data(), nk);
-      attend_rows(h, b, i0, m, r0, nk, scores.data(), acc);
-      detail::gemm_packed(scores.data(), nk, m, nk, v_panels.data(), hd, out.data() + i0 * qd + h * hd, qd);
+      detail::gemm_packed(q.data() + i0 * qd + h * hd, qd, m, hd, k_packed, nk, scores.data(), nk);
+      attend_rows(h, b, i0, m, r0, nk, scores.data());
+      detail::gemm_packed(scores.data(), nk, m, nk, v_packed, hd, out.data() + i0 * qd + h * hd, qd, v_stride);
     }
   };
   std::int64_t work = 0;  // multiply-adds of QK^T and PV
@@ -406,8 +465,10 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
             (keys[static_cast<std::size_t>(b)] - first[static_cast<std::size_t>(b)]) * hd;
   const std::int64_t n_tasks = config_.n_head_kv * blocks;
   if (tasks_for(work, n_tasks) == 1) {
+    for (std::int64_t g = 0; shared_keys > 0 && g < config_.n_head_kv; ++g) pack_shared(g);
     for (std::int64_t t = 0; t < n_tasks; ++t) group_block(t);
   } else {
+    if (shared_keys > 0) pool_->parallel_for(config_.n_head_kv, pack_shared);
     pool_->parallel_for(n_tasks, group_block);
   }
   // On a sliding-window layer the query rows see only the last `window` positions, which says nothing of
@@ -506,7 +567,7 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
     std::vector<std::int64_t> origin;
     std::vector<float> cos_t[2];
     std::vector<float> sin_t[2];
-    std::vector<std::int32_t> group_of_row;
+    std::vector<GroupRun> group_runs;
     std::int64_t num_groups = 0;
     std::int64_t offset = 0;
     bool live = true;
@@ -550,10 +611,18 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
     }
     if (const PromptLayout* groups = item.needs.groups; groups != nullptr) {
       a.num_groups = static_cast<std::int64_t>(groups->chunks.size()) + 1;
-      a.group_of_row.assign(static_cast<std::size_t>(kv.num_rows()), static_cast<std::int32_t>(a.num_groups - 1));
+      // Chunk j's rows are group j, every other row (prefix, query, beyond the layout) the last group.
+      std::vector<std::int64_t> group_of_row(static_cast<std::size_t>(kv.num_rows()), a.num_groups - 1);
       for (std::size_t j = 0; j < groups->chunks.size(); ++j)
         for (std::int64_t r = groups->chunks[j].range.begin; r < groups->chunks[j].range.end; ++r)
-          a.group_of_row[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(j);
+          group_of_row[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(j);
+      for (std::int64_t r = 0; r < kv.num_rows(); ++r) {
+        const std::int64_t g = group_of_row[static_cast<std::size_t>(r)];
+        if (!a.group_runs.empty() && a.group_runs.back().group == g)
+          a.group_runs.back().end = r + 1;
+        else
+          a.group_runs.push_back({r, r + 1, g});
+      }
     }
     a.offset = total;
     total += s;
@@ -664,7 +733,7 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
       }
       const bool with_stats = item.needs.groups != nullptr;
       q_item = q.middleRows(a.offset, s);
-      attention(l, kv, a.sel, q_item, att_item, with_stats ? &a.group_of_row : nullptr, a.num_groups,
+      attention(l, kv, a.sel, q_item, att_item, with_stats ? &a.group_runs : nullptr, a.num_groups,
                 with_stats ? &stats : nullptr, query, query_rows.empty() ? nullptr : &query_mass,
                 query_rows.empty() ? nullptr : &row_query_mass);
       att.middleRows(a.offset, s) = att_item;
@@ -712,11 +781,14 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
     rms_norm(h, w.ffn_norm, x);
     project(x, w.w_gate, gate, panels);
     project(x, w.w_up, up, panels);
-    if (gemma3) {
-      gate = gate.unaryExpr([](float g) { return detail::gelu_tanh(g); }).cwiseProduct(up);  // GeGLU
-    } else {
-      gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);  // SwiGLU
-    }
+    rows_in_parallel(gate.rows(), 16 * gate.cols(), [&](Eigen::Index i) {
+      auto row = gate.row(i);
+      if (gemma3) {
+        row = row.unaryExpr([](float g) { return detail::gelu_tanh(g); }).cwiseProduct(up.row(i));  // GeGLU
+      } else {
+        row = row.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up.row(i));  // SwiGLU
+      }
+    });
     project(gate, w.w_down, tmp, panels);
     if (gemma3) {
       rms_norm(tmp, w.ffn_post_norm, x);
