@@ -4,18 +4,28 @@
 #   bash scripts/bench_decode.sh BEFORE_BIN AFTER_BIN OUT_DIR [RUNS]
 # The run: one MuSiQue question (question 0, 2 passages cut to 40 tokens), full prefill, naive reuse and CacheBlend,
 # 8 answer tokens each, teacher-forced: mostly one-token forward passes. SHAPE=prefill runs a prefill-heavy one
-# instead: question 0 with its 10 passages whole (about 6200 tokens), the same methods and answer tokens. Writes
-# OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json (medians, their ratio, same_figures, shape).
+# instead: question 0 with its 10 passages whole (about 6200 tokens), the same methods and answer tokens. SHAPE=fusion
+# runs the per-layer statistics: questions 0-1, 10 passages cut to 130 tokens, naive reuse, CacheBlend (K deviation),
+# QueryAware (query mass) and Cache-Craft with prefix coverage (chunk mass; its variants recorded by a full prefill in
+# another passage order). Writes OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json (medians, their
+# ratio, same_figures, shape).
 set -euo pipefail
 before=$1 after=$2 out=$3 runs=${4:-5}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 model=${KVFUSE_MODEL:-$(bash "$root/scripts/fetch_model.sh" smollm2)}
 data=$root/../shared/data/musique_dev.json
 shape=${SHAPE:-decode}
+methods=naive,cacheblend
+limit=1
 case $shape in
   decode) passages=(--max-passages 2 --max-passage-tokens 40) ;;
   prefill) passages=(--max-passages 10) ;;
-  *) echo "bench_decode.sh: SHAPE '$shape' is not decode or prefill" >&2; exit 2 ;;
+  fusion)
+    passages=(--max-passages 10 --max-passage-tokens 130)
+    methods=naive,cacheblend,queryaware,cachecraft@1.5-cover
+    limit=2
+    ;;
+  *) echo "bench_decode.sh: SHAPE '$shape' is not decode, prefill or fusion" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 tmp=$(mktemp -d)
@@ -26,8 +36,8 @@ for ((i = 1; i <= runs; i++)); do
     bin=$before
     [[ $build == after ]] && bin=$after
     start=$(date +%s.%N)
-    "$bin" --model "$model" --data "$data" --limit 1 "${passages[@]}" --max-new-tokens 8 \
-      --methods naive,cacheblend --threads 2 --no-plot --out "$tmp/$build" >/dev/null 2>&1
+    "$bin" --model "$model" --data "$data" --limit "$limit" "${passages[@]}" --max-new-tokens 8 \
+      --methods "$methods" --threads 2 --no-plot --out "$tmp/$build" >/dev/null 2>&1
     end=$(date +%s.%N)
     echo "$i,$build,$(python3 -c "print(round($end - $start, 3))")" >>"$out/decode.csv"
   done

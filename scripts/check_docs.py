@@ -777,9 +777,15 @@ def check_server_coverage(root, results, alphas, llama_alpha, judged_alpha, comm
     page.compare(anchors[1], f"server.md, {what}, calibration, llama-server",
                  server_arm_rows(cal / f"cachecraft@{llama_alpha}-cover/run-1",
                                  {"no prompt cache": "llama-full", "prompt cache + `--cache-reuse 256`": "llama-reuse"}))
-    judged = d / "requests-64x3"
+    check_server_judged(page, d / "requests-64x3", judged_alpha, commit, what)
+
+
+def check_server_judged(page, judged, alpha, commit, what):
+    """docs/server.md, the issue's protocol for Cache-Craft α = alpha with prefix coverage in bench_server.sh's
+    directory `judged` (three runs): the arms' medians (summary.json), each run's ratios, and the median ratios and
+    exact matches the text says."""
     names = {"kvfuse-server, full prefill": "kvfuse-full",
-             f"kvfuse-server, Cache-Craft α = {judged_alpha} with prefix coverage": "kvfuse",
+             f"kvfuse-server, Cache-Craft α = {alpha} with prefix coverage": "kvfuse",
              "llama-server, no prompt cache": "llama-full",
              "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
     page.compare(f"| arm, 3 × 64 requests, {commit}, medians |", f"server.md, {what}, 3 x 64 requests",

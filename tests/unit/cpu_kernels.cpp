@@ -113,8 +113,8 @@ TEST_CASE("gemm_packed: dispatched and portable products equal the double produc
   }
 }
 
-TEST_CASE("gemm_packed with a panel_stride: the first k rows of panels packed for more rows give the same bits as "
-          "panels packed for k") {
+TEST_CASE("gemm_packed on the first k rows (panel_stride) or first n columns of panels packed for more gives the "
+          "same bits as panels packed for k x n") {
   std::mt19937 rng(9);
   int compared = 0;
   for (const std::int64_t m : {1, 7, 8, 70}) {
@@ -139,6 +139,16 @@ TEST_CASE("gemm_packed with a panel_stride: the first k rows of panels packed fo
         CHECK(product(dispatched, longer, stride) == product(dispatched, own, 0));
         CHECK(product(portable, longer, stride) == product(portable, own, 0));
         CHECK(product(portable, own, d::kPanelWidth * k) == product(portable, own, 0));
+        // B the first n columns of panels packed for n + 7 (attention: a block's keys of K^T): the padding columns
+        // hold values, not zeros, and are computed but never stored.
+        std::vector<float> wider_rows(static_cast<std::size_t>(k * (n + 7)), 3.0f);
+        for (std::int64_t p = 0; p < k; ++p)
+          for (std::int64_t j = 0; j < n; ++j)
+            wider_rows[static_cast<std::size_t>(p * (n + 7) + j)] = b[static_cast<std::size_t>(p * n + j)];
+        std::vector<float> wider(static_cast<std::size_t>(d::packed_size(k, n + 7)));
+        d::pack_rows(wider_rows.data(), n + 7, k, n + 7, wider.data());
+        CHECK(product(dispatched, wider, 0) == product(dispatched, own, 0));
+        CHECK(product(portable, wider, 0) == product(portable, own, 0));
 #if KVFUSE_CPU_DISPATCH_AVX2
         if (d::cpu_uses_avx2()) {
           const auto avx2 = [](auto... x) { d::avx2::gemm_packed(x...); };

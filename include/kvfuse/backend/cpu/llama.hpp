@@ -283,7 +283,7 @@ class CpuLlama {
   // y = RMSNorm(x) ⊙ weight, row by row.
   void rms_norm(const RowMatrix& x, const Eigen::VectorXf& weight, RowMatrix& y) const {
     y.resize(x.rows(), x.cols());
-    rows_in_parallel(x.rows(), 4 * x.cols(), [&](Eigen::Index i) {
+    rows_in_parallel(x.rows(), 4 * x.cols(), [&](Eigen::Index i) {  // a square, a scale, a product a value
       y.row(i) = (x.row(i) * rms_scale(x.row(i))).cwiseProduct(weight.transpose());
     });
   }
@@ -315,7 +315,8 @@ class CpuLlama {
   }
 
   // KV rows [begin, end), all of attention group `group` (LayerNeeds::groups: a chunk, or the rest): the group
-  // mass of a query sums its weights one run at a time.
+  // mass of a query sums its weights one run at a time. A forward pass's runs are in row order and disjoint, so each
+  // group's sum adds its rows in row order, whatever the runs.
   struct GroupRun {
     std::int64_t begin = 0;
     std::int64_t end = 0;

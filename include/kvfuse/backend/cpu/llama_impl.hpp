@@ -366,7 +366,10 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
         double* a = acc.data() + run.group;  // lane l's sum of this group: a[l * num_groups]
         if (lanes == kLanes) {
           const float* w0 = p + i * nk;
-          double a0 = a[0], a1 = a[num_groups], a2 = a[2 * num_groups], a3 = a[3 * num_groups];
+          double a0 = a[0];
+          double a1 = a[num_groups];
+          double a2 = a[2 * num_groups];
+          double a3 = a[3 * num_groups];
           for (std::int64_t r = lo; r < hi; ++r) {
             a0 += w0[r];
             a1 += w0[nk + r];
@@ -419,7 +422,8 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
   const std::int64_t shared_keys = window == 0 && blocks > 0 ? *std::max_element(keys.begin(), keys.end()) : 0;
   const std::int64_t k_size = detail::packed_size(hd, shared_keys);  // K^T [hd][keys]
   const std::int64_t v_size = detail::packed_size(shared_keys, hd);  // V [keys][hd]
-  thread_local std::vector<float> shared_panels;  // the calling thread's: the tasks read it through `shared`
+  // The calling thread's (the tasks read it through `shared`), kept between calls: the size of one layer's K and V.
+  thread_local std::vector<float> shared_panels;
   shared_panels.resize(static_cast<std::size_t>(config_.n_head_kv * (k_size + v_size)));
   float* const shared = shared_panels.data();
   const auto pack_shared = [&](std::int64_t g) {
@@ -465,7 +469,8 @@ KVFUSE_CPU_INLINE void CpuLlama::attention(std::int64_t layer, const LlamaKVCach
             (keys[static_cast<std::size_t>(b)] - first[static_cast<std::size_t>(b)]) * hd;
   const std::int64_t n_tasks = config_.n_head_kv * blocks;
   if (tasks_for(work, n_tasks) == 1) {
-    for (std::int64_t g = 0; shared_keys > 0 && g < config_.n_head_kv; ++g) pack_shared(g);
+    if (shared_keys > 0)
+      for (std::int64_t g = 0; g < config_.n_head_kv; ++g) pack_shared(g);
     for (std::int64_t t = 0; t < n_tasks; ++t) group_block(t);
   } else {
     if (shared_keys > 0) pool_->parallel_for(config_.n_head_kv, pack_shared);
@@ -561,7 +566,7 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
   const std::size_t n_items = items.size();
 
   // Per item: its rows of the concatenated hidden states [offset, offset + sel.size()), S_l, the index in S_0 of
-  // each entry of S_l (origin), its RoPE cos / sin per S_0 row and kind of layer, its group of each KV row.
+  // each entry of S_l (origin), its RoPE cos / sin per S_0 row and kind of layer, its KV rows in runs by group.
   struct Active {
     TokenSet sel;
     std::vector<std::int64_t> origin;
@@ -611,7 +616,8 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
     }
     if (const PromptLayout* groups = item.needs.groups; groups != nullptr) {
       a.num_groups = static_cast<std::int64_t>(groups->chunks.size()) + 1;
-      // Chunk j's rows are group j, every other row (prefix, query, beyond the layout) the last group.
+      // Chunk j's rows are group j, every other row (prefix, query, beyond the layout) the last group; the runs, in
+      // row order, disjoint and covering every row, are what attention's group mass walks.
       std::vector<std::int64_t> group_of_row(static_cast<std::size_t>(kv.num_rows()), a.num_groups - 1);
       for (std::size_t j = 0; j < groups->chunks.size(); ++j)
         for (std::int64_t r = groups->chunks[j].range.begin; r < groups->chunks[j].range.end; ++r)
@@ -781,7 +787,7 @@ KVFUSE_CPU_INLINE void CpuLlama::forward(std::span<BatchItem> items, StepHooks& 
     rms_norm(h, w.ffn_norm, x);
     project(x, w.w_gate, gate, panels);
     project(x, w.w_up, up, panels);
-    rows_in_parallel(gate.rows(), 16 * gate.cols(), [&](Eigen::Index i) {
+    rows_in_parallel(gate.rows(), 16 * gate.cols(), [&](Eigen::Index i) {  // an exp or tanh: ~16 operations a value
       auto row = gate.row(i);
       if (gemma3) {
         row = row.unaryExpr([](float g) { return detail::gelu_tanh(g); }).cwiseProduct(up.row(i));  // GeGLU
