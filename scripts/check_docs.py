@@ -802,18 +802,39 @@ def check_server_judged(page, judged, alpha, commit, what):
             problem(page.name, 1, f"{what}: '{phrase}' of summary.json is not said")
 
 
+def decode_csv_rows(path, before, after):
+    """scripts/bench_decode.sh's decode.csv as cpu-backend.md's tables show it: per build, the median and the runs."""
+    rows = list(csv.DictReader(open(path, encoding="utf-8")))
+    expected = {}
+    for build, commit in (("before", before), ("after", after)):
+        runs = [float(r["seconds"]) for r in rows if r["build"] == build]
+        expected[f"{build} (`{commit}`)"] = [f"{st.median(runs):.2f}", ", ".join(f"{x:.2f}" for x in runs)]
+    return expected
+
+
+def check_fusion_step(root):
+    """The fusion step's statistics and row-wise steps (results/server-fast-2026-12-02/): cpu-backend.md's
+    SHAPE=fusion table, speed-up and same figures (fusion/), and server.md's judged runs (requests-64x3/)."""
+    page = Page(root, "docs/cpu-backend.md")
+    d = root / "docs/results/server-fast-2026-12-02"
+    page.compare("| build, `SHAPE=fusion` | wall s, median of 3 | runs (s) |", "cpu-backend.md, the fusion step",
+                 decode_csv_rows(d / "fusion/decode.csv", "597257c", "8e46308"))
+    s = load_json(d / "fusion/summary.json")
+    text = " ".join(" ".join(page.lines).split())
+    if not s["same_figures"] or f"{s['speedup']:.2f} × — no gain visible end to end" not in text:
+        problem(page.name, 1, f"the fusion step: summary.json's speed-up {s['speedup']} (same figures: "
+                              f"{s['same_figures']}) is not what the page says")
+    check_server_judged(Page(root, "docs/server.md"), d / "requests-64x3", "1.5", "4dc9e5f", "a faster fusion step")
+
+
 def check_cpu_prefill_avx512(root):
     """docs/cpu-backend.md, "Prefill with AVX-512": each build's median and runs (decode.csv of
     results/prefill-avx512-2026-12-02/), the speed-up and that the figures are the same (summary.json), and the
     product's GFLOP/s per version and shape (gemm.json, Google Benchmark's medians)."""
     page = Page(root, "docs/cpu-backend.md")
     d = root / "docs/results/prefill-avx512-2026-12-02"
-    rows = list(csv.DictReader(open(d / "decode.csv", encoding="utf-8")))
-    expected = {}
-    for build, label in (("before", "before (`a3d2e53`)"), ("after", "after (`fe48849`)")):
-        runs = [float(r["seconds"]) for r in rows if r["build"] == build]
-        expected[label] = [f"{st.median(runs):.2f}", ", ".join(f"{x:.2f}" for x in runs)]
-    page.compare("| build | wall s, median of 3 | runs (s) |", "cpu-backend.md, prefill with AVX-512", expected)
+    page.compare("| build | wall s, median of 3 | runs (s) |", "cpu-backend.md, prefill with AVX-512",
+                 decode_csv_rows(d / "decode.csv", "a3d2e53", "fe48849"))
     med = {b["name"].removesuffix("_median"): b["GFLOP/s"] for b in load_json(d / "gemm.json")["benchmarks"]
            if b.get("aggregate_name") == "median"}
     gemm = {}
@@ -1095,7 +1116,7 @@ def main():
                   root, "server-avx512-2026-12-02", ("1.5",), "1.5", "1.5", "fe48849",
                   ("| Cache-Craft with prefix coverage after the AVX-512 product, calibration requests |",
                    "| llama-server, calibration requests, 36c2ff3's run |"), "after the AVX-512 product"),
-              lambda: check_results_cover_gate(root), lambda: check_cpu_prefill_avx512(root),
+              lambda: check_results_cover_gate(root), lambda: check_cpu_prefill_avx512(root), lambda: check_fusion_step(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
