@@ -19,7 +19,7 @@ namespace unit_cpu_kernels_avx512 {
 namespace d = kvfuse::detail;
 
 TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, one or two panels, an ldc past n, "
-          "a panel_stride") {
+          "a panel_stride, wider panels") {
 #if KVFUSE_CPU_DISPATCH_AVX2
   if (!d::cpu_uses_avx512()) {
     kvfuse_test::skip("this CPU has no AVX-512F (or no AVX2 + FMA): the avx512 product cannot run here");
@@ -50,6 +50,16 @@ TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, 
         std::vector<float> strided(wide.size(), 777.0f);
         d::avx512::gemm_packed(a.data(), k, m, k, longer.data(), n, strided.data(), ldc, d::kPanelWidth * (k + 3));
         CHECK(std::memcmp(strided.data(), narrow.data(), wide.size() * sizeof(float)) == 0);
+        // The same B as the first n columns of panels packed for n + 7 (their padding columns hold values).
+        std::vector<float> b_wider(static_cast<std::size_t>(k * (n + 7)), 3.0f);
+        for (std::int64_t p = 0; p < k; ++p)
+          for (std::int64_t j = 0; j < n; ++j)
+            b_wider[static_cast<std::size_t>(p * (n + 7) + j)] = b[static_cast<std::size_t>(p * n + j)];
+        std::vector<float> wider(static_cast<std::size_t>(d::packed_size(k, n + 7)));
+        d::pack_rows(b_wider.data(), n + 7, k, n + 7, wider.data());
+        std::vector<float> from_wider(wide.size(), 777.0f);
+        d::avx512::gemm_packed(a.data(), k, m, k, wider.data(), n, from_wider.data(), ldc);
+        CHECK(std::memcmp(from_wider.data(), narrow.data(), wide.size() * sizeof(float)) == 0);
         ++compared;
       }
     }
