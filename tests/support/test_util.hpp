@@ -51,6 +51,16 @@ inline std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
   return v;
 }
 
+// A row-major k x n matrix as the first n columns of a k x `columns` one whose other columns hold `fill`.
+inline std::vector<float> widened(const std::vector<float>& m, std::int64_t k, std::int64_t n, std::int64_t columns,
+                                  float fill) {
+  std::vector<float> w(static_cast<std::size_t>(k * columns), fill);
+  for (std::int64_t p = 0; p < k; ++p)
+    for (std::int64_t j = 0; j < n; ++j)
+      w[static_cast<std::size_t>(p * columns + j)] = m[static_cast<std::size_t>(p * n + j)];
+  return w;
+}
+
 // max_i |a_i − b_i| in double; the sizes must match.
 inline double max_abs_diff(std::span<const float> a, std::span<const float> b) {
   REQUIRE(a.size() == b.size());

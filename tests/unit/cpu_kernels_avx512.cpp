@@ -51,10 +51,7 @@ TEST_CASE("avx512 gemm_packed is bit-identical to avx2's for every tile height, 
         d::avx512::gemm_packed(a.data(), k, m, k, longer.data(), n, strided.data(), ldc, d::kPanelWidth * (k + 3));
         CHECK(std::memcmp(strided.data(), narrow.data(), wide.size() * sizeof(float)) == 0);
         // The same B as the first n columns of panels packed for n + 7 (their padding columns hold values).
-        std::vector<float> b_wider(static_cast<std::size_t>(k * (n + 7)), 3.0f);
-        for (std::int64_t p = 0; p < k; ++p)
-          for (std::int64_t j = 0; j < n; ++j)
-            b_wider[static_cast<std::size_t>(p * (n + 7) + j)] = b[static_cast<std::size_t>(p * n + j)];
+        const std::vector<float> b_wider = kvfuse_test::widened(b, k, n, n + 7, 3.0f);
         std::vector<float> wider(static_cast<std::size_t>(d::packed_size(k, n + 7)));
         d::pack_rows(b_wider.data(), n + 7, k, n + 7, wider.data());
         std::vector<float> from_wider(wide.size(), 777.0f);

@@ -14,8 +14,9 @@
 //
 // Matrix products multiply a row-major A [m][k] by a matrix B [k][n] stored in panels of 16 columns: panel t
 // holds B[p][16t + j] at panel[p * 16 + j] for p < k, j < 16 (zero past column n), panels kPanelWidth * k
-// floats apart (or gemm_packed's panel_stride: B the first k rows of panels packed for more). The packers build panels from a row-major source, the product reads them (a panel stays in
-// cache while a block of A's rows streams past it).
+// floats apart (or gemm_packed's panel_stride: B the first k rows of panels packed for more). The packers build
+// panels from a row-major source, the product reads them (a panel stays in cache while a block of A's rows streams
+// past it).
 //
 // fmt-free and Eigen-free.
 
