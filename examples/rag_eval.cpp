@@ -14,7 +14,7 @@
 //                   [--link-mbps X] [--link-latency-ms Y]
 //                   [--pipeline on|off] [--split-tokens N] [--engine kvfuse|llamacpp] [--run-cost-rows N]
 //                   [--calibrated] [--calibration-questions 3] [--calibration-kl 0.05] [--calibration-top1 0.95]
-//                   [--chunk-context none|system]
+//                   [--chunk-context none|system] [--products fp32|bf16]
 //
 // --model smollm2 (default), gemma3 or qwen2 runs the file scripts/fetch_model.sh fetches; anything else is a GGUF
 // path.
@@ -40,6 +40,10 @@
 // kvfuse-server stores them; the system turn is then always computed), none (default) alone from position 0. The
 // calibration files record it, and kvfuse-server's `auto` reads only those of its own chunk context. The kvfuse
 // engine only.
+//
+// --products bf16 runs the kvfuse engine with bf16 weight products on Intel AMX (CpuLlamaOptions::products; refused
+// on a CPU without AMX-BF16): every method and full prefill, the reference, with the same products. Its model
+// fingerprint, and so its chunk caches and calibrations, are its own.
 //
 // Per question: the chunk caches are generated ahead of time and timed separately (offline_ms): each passage's
 // isolated cache, and an earlier prompt with the same system prompt and first passage and the other passages
@@ -138,6 +142,7 @@ struct Options {
   bool plot = true;
   bool calibrated = false;
   bool system_context = false;  // --chunk-context system
+  kvfuse::CpuProducts products = kvfuse::CpuProducts::fp32;
   std::int64_t calibration_questions = 3;
   kvfuse::CalibrationBudget calibration_budget;
 };
@@ -182,6 +187,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--calibration-questions") o.calibration_questions = parse_int(flag, v);
     else if (flag == "--calibration-kl") o.calibration_budget.max_kl_answer = kvfuse_example::parse_real(flag, v);
     else if (flag == "--calibration-top1") o.calibration_budget.min_top1_agreement = kvfuse_example::parse_real(flag, v);
+    else if (flag == "--products") o.products = kvfuse::parse_products(v);
     else if (flag == "--link-mbps") o.link_mbps = kvfuse_example::parse_real(flag, v);
     else if (flag == "--link-latency-ms") o.link_latency_ms = kvfuse_example::parse_real(flag, v);
     else if (flag == "--chunk-context") {
@@ -202,6 +208,8 @@ Options parse(int argc, char** argv) {
                           "--engine llamacpp: this kvfuse-rag-eval was built without the llama.cpp integration "
                           "(configure with -DKVFUSE_LLAMACPP=ON after scripts/fetch_llamacpp.sh)");
 #endif
+  kvfuse::require(o.engine == "kvfuse" || o.products == kvfuse::CpuProducts::fp32,
+                  "--products bf16: the kvfuse engine's option (llama.cpp computes its products its own way)");
   if (methods.empty()) methods = o.engine == "llamacpp" ? kDefaultLlamaCppMethods : kDefaultMethods;
   kvfuse::require(o.limit >= 1, "--limit: {} must be >= 1", o.limit);
   kvfuse::require(o.max_passages >= 1, "--max-passages: {} must be >= 1", o.max_passages);
@@ -548,6 +556,7 @@ int main(int argc, char** argv) try {
       results["chunk_caches_computed"] = chunk_caches_computed;
       results["engine"] = o.engine;
       results["threads"] = threads;
+      results["products"] = kvfuse::products_name(o.products);
       if constexpr (kvfuse::RunCostBackend<std::remove_cvref_t<decltype(engine)>>)
         results["run_cost_rows"] = engine.run_cost_rows();
       results["store"] = o.store;
@@ -760,6 +769,7 @@ int main(int argc, char** argv) try {
   if (o.engine == "kvfuse") {
     kvfuse::CpuLlamaOptions model_options;
     model_options.threads = static_cast<int>(o.threads);
+    model_options.products = o.products;
     const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, model_options);
     kvfuse::CpuLlamaFusion engine(model, o.store_dtype);
     run_engine(engine, &model, model.threads());

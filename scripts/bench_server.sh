@@ -24,7 +24,8 @@
 #   (2048: llama-server's context per slot and kvfuse-server --engine llamacpp's --region-cells), CHUNK_CONTEXT
 #   (system: kvfuse-server --engine cpu's --chunk-context; none computes chunk caches alone), LLAMA_ARMS (1; 0 skips
 #   the two llama-server arms and the ratios to them), FIRST_QUESTION (0: the pool's questions start there; the
-#   judged requests are 0's, a setting is chosen on another's, e.g. 50), OUT (build/bench-server)
+#   judged requests are 0's, a setting is chosen on another's, e.g. 50), KVFUSE_FLAGS (more kvfuse-server --engine cpu
+#   flags for both of its arms, e.g. "--products bf16"), OUT (build/bench-server)
 # Writes OUT/run-N/<arm>.json (the load generator's output) and OUT/summary.json (medians over the runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -99,10 +100,12 @@ for run in $(seq 1 "$runs"); do
   dir=$out/run-$run
   mkdir -p "$dir"
   echo "bench_server.sh: run $run of $runs" >&2
-  start_kvfuse "$dir/kvfuse-full.log" --chunk-context "$chunk_context"
+  # shellcheck disable=SC2086 # KVFUSE_FLAGS: words
+  start_kvfuse "$dir/kvfuse-full.log" --chunk-context "$chunk_context" ${KVFUSE_FLAGS:-}
   load "$port" kvfuse-full --method full >"$dir/kvfuse-full.json"
   stop_server
-  start_kvfuse "$dir/kvfuse.log" --chunk-context "$chunk_context"
+  # shellcheck disable=SC2086
+  start_kvfuse "$dir/kvfuse.log" --chunk-context "$chunk_context" ${KVFUSE_FLAGS:-}
   load "$port" kvfuse --method "${METHOD:-cacheblend}" --compare "$dir/kvfuse-full.json" >"$dir/kvfuse.json"
   stop_server
   if [[ ${LLAMACPP_ARMS:-0} == 1 ]]; then
@@ -123,14 +126,16 @@ for run in $(seq 1 "$runs"); do
   stop_server
 done
 
-"$venv/bin/python3" - "$out" "$runs" "$model" "$threads" "$chunk_context" <<'PY'
+"$venv/bin/python3" - "$out" "$runs" "$model" "$threads" "$chunk_context" "${KVFUSE_FLAGS:-}" <<'PY'
 import json, os, statistics, sys
 out, runs, model, threads, chunk_context = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+kvfuse_flags = sys.argv[6]
 arms = ("kvfuse-full", "kvfuse", "kvfuse-llamacpp-full", "kvfuse-llamacpp", "llama-full", "llama-reuse")
 arms = tuple(a for a in arms if os.path.exists(f"{out}/run-1/{a}.json"))
 rs = [{a: json.load(open(f"{out}/run-{i}/{a}.json")) for a in arms} for i in range(1, runs + 1)]
 med = lambda f: statistics.median(f(r) for r in rs)
 summary = {"runs": runs, "model": model, "threads": threads, "chunk_context": chunk_context,
+           **({"kvfuse_flags": kvfuse_flags} if kvfuse_flags else {}),
            "requests": rs[0]["kvfuse"]["requests"], "concurrency": rs[0]["kvfuse"]["concurrency"],
            "passages": rs[0]["kvfuse"]["passages"], "pool": rs[0]["kvfuse"]["pool"],
            "passage_words": rs[0]["kvfuse"]["passage_words"],

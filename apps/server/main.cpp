@@ -9,7 +9,7 @@
 //                 [--method auto|full|naive|cacheblend[@r]|attnlink[@k]|queryaware[@r[:lambda]]|queryprobe[@r]]
 //                 [--host 127.0.0.1] [--port 8000] [--threads 0] [--token-budget 512] [--queue-limit 64]
 //                 [--max-running 16|4] [--max-body-bytes 4194304] [--max-tokens-default 256] [--region-cells 2048]
-//                 [--chunk-context system|none] [--prefix-cache on|off]
+//                 [--chunk-context system|none] [--prefix-cache on|off] [--products fp32|bf16]
 //
 // --model: smollm2 (default), gemma3 or qwen2 as scripts/fetch_model.sh fetches them, or a GGUF path.
 // --engine: cpu (default), kvfuse's reference engine; llamacpp (a build with -DKVFUSE_LLAMACPP=ON): llama.cpp's
@@ -45,6 +45,10 @@
 //   earlier turns and answers) loads them from the back while computing from the front (a Cake request;
 //   usage.kvfuse.prefix_tokens says how many it found). off (llamacpp's only choice): such prompts are computed with
 //   the server's method.
+// --products (cpu engine): the precision of the weight projections' products (CpuLlamaOptions::products): fp32
+//   (default) anywhere; bf16 on Intel AMX (refused on a CPU without AMX-BF16), faster (docs/server.md), under its own
+//   model fingerprint, so that its chunk caches are never mixed with fp32 ones in a shared store and `auto` reads only
+//   calibrations made with bf16 products.
 // --port 0 binds a free port; the line "kvfuse-server: listening on http://HOST:PORT" says which.
 // --queue-limit: requests in the engine at once (queued or running); more are answered 429. --max-running: how many
 //   of them run in one step loop (CpuBatchEngine's max_running, default 16; llama.cpp's regions, default 4).
@@ -121,6 +125,7 @@ struct Options {
   std::int64_t region_cells = 2048;
   std::string chunk_context;  // system | none; empty: the engine's default (cpu system, llamacpp none)
   std::string prefix_cache;   // on | off; empty: the engine's default (cpu on, llamacpp off)
+  kvfuse::CpuProducts products = kvfuse::CpuProducts::fp32;
 };
 
 constexpr std::string_view kUsage =
@@ -132,6 +137,7 @@ constexpr std::string_view kUsage =
     "                     [--max-running 16 (cpu), 4 (llamacpp)] [--max-body-bytes 4194304]\n"
     "                     [--max-tokens-default 256] [--memory-bytes 2147483648] [--region-cells 2048]\n"
     "                     [--chunk-context system (cpu), none (llamacpp)] [--prefix-cache on|off]\n"
+    "                     [--products fp32|bf16 (cpu; bf16 needs Intel AMX-BF16)]\n"
     "--method auto: the cheapest setting the calibration gate admitted for the model and chunk context\n"
     "  (kvfuse-rag-eval --calibrated --chunk-context system|none),\n"
     "  cacheblend (r = 15 %) when none is cached, full when the gate refused every family. docs/server.md.\n";
@@ -167,6 +173,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--memory-bytes") o.memory_bytes = parse_int(flag, v);
     else if (flag == "--chunk-context") o.chunk_context = v;
     else if (flag == "--prefix-cache") o.prefix_cache = v;
+    else if (flag == "--products") o.products = kvfuse::parse_products(v);
     else throw kvfuse::error(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
   }
   kvfuse::require(o.port <= 65535, "--port: {} is not a port", o.port);
@@ -195,6 +202,8 @@ Options parse(int argc, char** argv) {
   kvfuse::require(o.engine != "llamacpp" || o.chunk_context == "none",
                   "--chunk-context system: the llamacpp engine stores chunk caches computed alone only (a llama.cpp "
                   "sequence state holds every row of its sequence); use --chunk-context none");
+  kvfuse::require(o.engine != "llamacpp" || o.products == kvfuse::CpuProducts::fp32,
+                  "--products bf16: the cpu engine's option (llama.cpp computes its products its own way)");
   o.model = kvfuse_example::resolve_model(o.model);
   return o;
 }
@@ -746,6 +755,7 @@ int main(int argc, char** argv) try {
   const kvfuse::Tokenizer tok = kvfuse::Tokenizer::from_gguf(file);
   kvfuse::CpuLlamaOptions model_options;
   model_options.threads = static_cast<int>(o.threads);
+  model_options.products = o.products;
   kvfuse_server::StoreStack stores(o.store, o.memory_bytes);
   kvfuse_server::Metrics metrics;
   const auto queue_limit = static_cast<std::size_t>(o.queue_limit);
@@ -778,8 +788,8 @@ int main(int argc, char** argv) try {
     Api api(o, model.config().context_length, tok, method, service, stores, metrics);
     api.routes(svr);
     return serve(o, api, svr,
-                 fmt::format("cpu engine, {} layers, context {}, {} threads{}", model.config().n_layer,
-                             model.config().context_length, model.threads(), cake),
+                 fmt::format("cpu engine, {} layers, context {}, {} threads, {} products{}", model.config().n_layer,
+                             model.config().context_length, model.threads(), kvfuse::products_name(o.products), cake),
                  stores, method, why, stop_signals);
   }
 #if KVFUSE_WITH_LLAMACPP

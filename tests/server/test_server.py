@@ -495,6 +495,50 @@ class FlagTest(unittest.TestCase):
                 self.assertIn(says, done.stderr)
 
 
+def cpu_has_amx_bf16():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "amx_bf16" in line.split() and "amx_tile" in line.split()
+                       for line in f)
+    except OSError:
+        return False
+
+
+class ProductsTest(unittest.TestCase):
+    """--products: bf16 weight products on AMX, refused where the CPU has none, and bad values refused by name."""
+
+    def test_bad_products_flags_are_refused_by_name(self):
+        cases = [(["--products", "fp16"], "products: 'fp16' is neither fp32 nor bf16"),
+                 (["--engine", "llamacpp", "--products", "bf16"], "--products bf16: the cpu engine's option")]
+        if not cpu_has_amx_bf16():
+            cases.append((["--products", "bf16"], "products = bf16 needs Intel AMX-BF16"))
+        for args, says in cases:
+            with self.subTest(args=args):
+                done = subprocess.run([BINARY, "--model", MODEL, *args], capture_output=True, text=True, timeout=60)
+                self.assertEqual(done.returncode, 2)
+                self.assertIn(says, done.stderr)
+
+    def test_bf16_server_reuses_parts_in_another_order_and_streams_as_it_answers(self):
+        if not cpu_has_amx_bf16():
+            self.skipTest("this CPU has no AMX-BF16")
+        server = Server("--products", "bf16")
+        try:
+            self.assertTrue(any("bf16 products" in line for line in server.log), "".join(server.log))
+            client = server.client()
+            chat = lambda messages, **kw: client.chat.completions.create(
+                model="smollm2", messages=messages, temperature=0, max_tokens=12, **kw)
+            first = chat(parts(*PASSAGES, QUESTION))
+            second = chat(parts(PASSAGES[2], PASSAGES[0], PASSAGES[1], QUESTION))
+            self.assertGreater(kvfuse_usage(second)["loaded_tokens"], kvfuse_usage(first)["loaded_tokens"])
+            again = chat(parts(PASSAGES[2], PASSAGES[0], PASSAGES[1], QUESTION))
+            streamed = "".join(c.choices[0].delta.content or "" for c in
+                               chat(parts(PASSAGES[2], PASSAGES[0], PASSAGES[1], QUESTION), stream=True) if c.choices)
+            self.assertTrue(again.choices[0].message.content)
+            self.assertEqual(streamed, again.choices[0].message.content)
+        finally:
+            server.stop()
+
+
 class QueueLimitTest(unittest.TestCase):
     def test_full_queue_answers_429(self):
         import openai

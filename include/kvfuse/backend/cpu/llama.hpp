@@ -1,5 +1,6 @@
 #pragma once
-// CpuLlama: the reference Llama / Gemma 3 forward pass on the CPU (fp32), with the layer-wise operations
+// CpuLlama: the reference Llama / Gemma 3 / Qwen2 forward pass on the CPU (fp32; the weight projections optionally
+// bf16 on AMX, CpuLlamaOptions::products), with the layer-wise operations
 // of the fusion loop every position-independent caching method shares (CacheBlend §4.3, Epic §4.2, Cache-Craft
 // §3.2: a layer-wise partial prefill of a selected set S_l over reused chunk KV):
 //   full_prefill        all tokens, every layer                                   -> KV + last-token logits
@@ -37,8 +38,9 @@
 // detail/rope.hpp.
 //
 // Weights stay in the GGUF file's format (WeightMatrix, backend/cpu/weight_matrix.hpp): a product dequantizes
-// W a panel of 16 output features at a time and multiplies all rows of x by it; the dense loops (matrix
-// products, softmax) are detail/cpu_kernels.hpp's, AVX2 + FMA where the CPU has them whatever the build's flags.
+// W a panel of 16 output features at a time and multiplies all rows of x by it (CpuProducts::bf16: the projections
+// packed as bf16 once, at construction); the dense loops (matrix products, softmax) are detail/cpu_kernels.hpp's,
+// AVX2 + FMA where the CPU has them whatever the build's flags.
 //
 // Threads: matrix products are split over output features and attention over (KV head, block of queries) on a
 // detail::WorkerPool of CpuLlamaOptions::threads threads. One CpuLlama may be used from several threads at
@@ -50,6 +52,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -60,10 +63,12 @@
 #include "kvfuse/backend/cpu/llama_config.hpp"
 #include "kvfuse/backend/cpu/worker_pool.hpp"
 #include "kvfuse/core/config.hpp"
+#include "kvfuse/core/dtype.hpp"
 #include "kvfuse/core/error.hpp"
 #include "kvfuse/core/prompt.hpp"
 #include "kvfuse/core/status.hpp"
 #include "kvfuse/core/types.hpp"
+#include "kvfuse/detail/cpu_amx.hpp"
 #include "kvfuse/fusion/layer_protocol.hpp"
 
 namespace kvfuse {
@@ -88,6 +93,25 @@ struct LlamaPrefill {
   std::vector<float> logits;  // of the last token
 };
 
+// The precision of the weight projections' products (Q, K, V, O, gate, up, down; attention and the output head stay
+// fp32). bf16: activations and weights rounded to bf16, products summed in fp32 on Intel AMX (detail/cpu_amx.hpp),
+// the projections packed once at construction (2 bytes a weight beside the file's blocks); refused where the CPU has
+// no AMX-BF16. Its KV differs from fp32's in the last bits, so the model's fingerprint differs too: a store never
+// mixes the two.
+enum class CpuProducts { fp32, bf16 };
+
+// "fp32" or "bf16".
+[[nodiscard]] inline const char* products_name(CpuProducts p) noexcept {
+  return p == CpuProducts::bf16 ? "bf16" : "fp32";
+}
+
+// The CpuProducts named "fp32" or "bf16"; anything else is refused, naming it.
+[[nodiscard]] inline CpuProducts parse_products(std::string_view name) {
+  for (const CpuProducts p : {CpuProducts::fp32, CpuProducts::bf16})
+    if (name == products_name(p)) return p;
+  throw error(fmt::format("products: '{}' is neither fp32 nor bf16", name));
+}
+
 struct CpuLlamaOptions {
   int threads = 0;                // threads of the worker pool, the caller included; 0: hardware_concurrency
   std::int64_t query_block = 64;  // queries per attention task
@@ -98,12 +122,16 @@ struct CpuLlamaOptions {
   // and logits equal one pass's to float rounding (a block's softmax sums its keys in other SIMD lanes). 512 by
   // default: peak memory within 1.5 × llama.cpp's at 6144 tokens (docs/llamacpp.md §2).
   std::int64_t prefill_block_rows = 512;
+  CpuProducts products = CpuProducts::fp32;
 
   void validate() const {
     detail::require(threads >= 0, "CpuLlamaOptions: threads = {} must be >= 0 (0: one per hardware thread)", threads);
     detail::require(query_block >= 1, "CpuLlamaOptions: query_block = {} must be >= 1", query_block);
     detail::require(prefill_block_rows >= 0, "CpuLlamaOptions: prefill_block_rows = {} must be >= 0 (0: one pass)",
                     prefill_block_rows);
+    detail::require(products != CpuProducts::bf16 || detail::cpu_uses_amx(),
+                    "CpuLlamaOptions: products = bf16 needs Intel AMX-BF16 (Xeon 4th generation or later, Linux 5.16 or "
+                    "later); this CPU or kernel has not got it (products = fp32 runs anywhere)");
   }
 };
 
@@ -154,6 +182,7 @@ class CpuLlama {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     pool_ = std::make_unique<detail::WorkerPool>(options_.threads == 0 ? static_cast<int>(hw) : options_.threads);
     fingerprint_ = compute_fingerprint();
+    if (options_.products == CpuProducts::bf16) pack_projections_bf16();
   }
 
   // The model in a GGUF file (LlamaConfig::from_gguf, LlamaWeights::from_gguf).
@@ -267,6 +296,12 @@ class CpuLlama {
   // for every block of rows. Each output is the same chain of multiply-adds either way (gemm_tile's), so the
   // result of a row does not depend on how many rows are multiplied with it.
   void project(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y, std::vector<float>& panels) const;
+  // project with CpuProducts::bf16: x rounded once (detail::amx_round_row) and multiplied by W's panels packed at
+  // construction, each task 32 columns at a time (detail::gemm_bf16: a row's result does not depend on the other rows
+  // either).
+  void project_bf16(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y) const;
+  // bf16_panels_ of every layer's projections (the constructor, CpuProducts::bf16).
+  void pack_projections_bf16();
 
   // Rows to dequantize at once: a panel (pack_weight_rows), a tile of the output head (matvec_rows).
   static constexpr std::int64_t kHeadTile = 64;
@@ -365,6 +400,9 @@ class CpuLlama {
   CpuLlamaOptions options_;
   std::unique_ptr<detail::WorkerPool> pool_;
   std::uint64_t fingerprint_ = 0;
+  // CpuProducts::bf16: each layer's projection matrices as AMX panels (detail::amx_pack_transposed), packed once at
+  // construction: 2 bytes a weight beside the file's blocks, so that no product dequantizes or packs W again.
+  std::vector<std::pair<const WeightMatrix*, std::vector<bf16>>> bf16_panels_;
 };
 
 }  // namespace kvfuse

@@ -212,6 +212,10 @@ KVFUSE_CPU_INLINE void CpuLlama::check_selection(const TokenSet& set, std::int64
 
 KVFUSE_CPU_INLINE void CpuLlama::project(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y,
                                          std::vector<float>& panels) const {
+  if (options_.products == CpuProducts::bf16) {
+    project_bf16(x, w, y);
+    return;
+  }
   const std::int64_t m = x.rows();
   const std::int64_t out = w.rows();
   const std::int64_t k = w.cols();
@@ -238,6 +242,53 @@ KVFUSE_CPU_INLINE void CpuLlama::project(const RowMatrix& x, const WeightMatrix&
       pack_weight_rows(w, c, c + n, panel.data());
       detail::gemm_packed(x.data(), k, m, k, panel.data(), n, y.data() + c, out);
     }
+  });
+}
+
+KVFUSE_CPU_INLINE void CpuLlama::project_bf16(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y) const {
+  const std::int64_t m = x.rows();
+  const std::int64_t out = w.rows();
+  const std::int64_t k = w.cols();
+  const std::int64_t kp = detail::amx_padded_k(k);
+  const auto packed = std::find_if(bf16_panels_.begin(), bf16_panels_.end(), [&](const auto& e) { return e.first == &w; });
+  detail::require(packed != bf16_panels_.end(), "CpuLlama: a {} x {} projection without bf16 panels", out, k);
+  const bf16* const panels = packed->second.data();
+  y.resize(m, out);
+  thread_local std::vector<bf16> x_rows;  // of the calling thread, reached by the tasks through a pointer
+  x_rows.resize(static_cast<std::size_t>(detail::amx_padded_rows(m) * kp));
+  bf16* const a = x_rows.data();
+  rows_in_parallel(m, k, [&](Eigen::Index i) { detail::amx_round_row(x.row(i).data(), k, a + i * kp); });
+  std::fill(a + m * kp, a + detail::amx_padded_rows(m) * kp, bf16{});
+  // Tasks of whole pairs of panels (the kernel's 32-column blocks).
+  constexpr std::int64_t unit = 2 * detail::kAmxPanel;
+  const std::int64_t units = (out + unit - 1) / unit;
+  const std::int64_t tasks = tasks_for(m * out * k, units);
+  pool_->parallel_for(tasks, [&](std::int64_t t) {
+    const std::int64_t c0 = units * t / tasks * unit;
+    const std::int64_t c1 = std::min(out, units * (t + 1) / tasks * unit);
+    if (c0 >= c1) return;
+    const bool done = detail::gemm_bf16(a, m, k, panels + c0 * kp, c1 - c0, y.data() + c0, out);
+    detail::require(done, "CpuLlama: bf16 products without AMX");  // CpuLlamaOptions::validate refused that
+  });
+}
+
+KVFUSE_CPU_INLINE void CpuLlama::pack_projections_bf16() {
+  std::vector<const WeightMatrix*> all;
+  for (const LlamaLayerWeights& w : weights_.layers)
+    for (const WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) all.push_back(m);
+  bf16_panels_.resize(all.size());
+  pool_->parallel_for(static_cast<std::int64_t>(all.size()), [&](std::int64_t i) {
+    const WeightMatrix& w = *all[static_cast<std::size_t>(i)];
+    const std::int64_t k = w.cols();
+    std::vector<bf16> panels(static_cast<std::size_t>(detail::amx_packed_size(k, w.rows())));
+    std::vector<bf16> scratch(static_cast<std::size_t>(detail::amx_pack_scratch(k)));
+    std::vector<float> rows(static_cast<std::size_t>(detail::kAmxPanel * k));
+    for (std::int64_t r = 0; r < w.rows(); r += detail::kAmxPanel) {
+      const std::int64_t n = std::min(detail::kAmxPanel, w.rows() - r);
+      w.dequantize_rows(r, n, rows.data());
+      detail::amx_pack_transposed(rows.data(), k, n, k, panels.data() + r * detail::amx_padded_k(k), scratch.data());
+    }
+    bf16_panels_[static_cast<std::size_t>(i)] = {&w, std::move(panels)};
   });
 }
 
@@ -888,6 +939,10 @@ KVFUSE_CPU_INLINE std::uint64_t CpuLlama::compute_fingerprint() const noexcept {
       vector(*v);
     if (w.bq.size() != 0)  // qwen2 only, so the other architectures' fingerprints stay as they were
       for (const Eigen::VectorXf* v : {&w.bq, &w.bk, &w.bv}) vector(*v);
+  }
+  if (options_.products != CpuProducts::fp32) {  // other KV bits; fp32's fingerprints stay as they were
+    const auto products = static_cast<std::int64_t>(options_.products);
+    bytes(&products, sizeof products);
   }
   return h.digest();
 }
