@@ -7,8 +7,9 @@
 # instead: question 0 with its 10 passages whole (about 6200 tokens), the same methods and answer tokens. SHAPE=fusion
 # runs the per-layer statistics: questions 0-1, 10 passages cut to 130 tokens, naive reuse, CacheBlend (K deviation),
 # QueryAware (query mass) and Cache-Craft with prefix coverage (chunk mass; its variants recorded by a full prefill in
-# another passage order). Writes OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json (medians, their
-# ratio, same_figures, shape).
+# another passage order). BEFORE_FLAGS / AFTER_FLAGS: more kvfuse-rag-eval flags for each build (e.g. the same binary
+# twice with AFTER_FLAGS="--products bf16"). Writes OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json
+# (medians, their ratio, same_figures, shape, the flags).
 set -euo pipefail
 before=$1 after=$2 out=$3 runs=${4:-5}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,18 +34,19 @@ trap 'rm -rf "$tmp"' EXIT
 echo "run,build,seconds" >"$out/decode.csv"
 for ((i = 1; i <= runs; i++)); do
   for build in before after; do
-    bin=$before
-    [[ $build == after ]] && bin=$after
+    bin=$before flags=${BEFORE_FLAGS:-}
+    [[ $build == after ]] && bin=$after flags=${AFTER_FLAGS:-}
     start=$(date +%s.%N)
+    # shellcheck disable=SC2086 # the flags: words
     "$bin" --model "$model" --data "$data" --limit "$limit" "${passages[@]}" --max-new-tokens 8 \
-      --methods "$methods" --threads 2 --no-plot --out "$tmp/$build" >/dev/null 2>&1
+      --methods "$methods" --threads 2 --no-plot --out "$tmp/$build" $flags >/dev/null 2>&1
     end=$(date +%s.%N)
     echo "$i,$build,$(python3 -c "print(round($end - $start, 3))")" >>"$out/decode.csv"
   done
 done
-python3 - "$out" "$tmp" "$shape" <<'PY'
+python3 - "$out" "$tmp" "$shape" "${BEFORE_FLAGS:-}" "${AFTER_FLAGS:-}" <<'PY'
 import csv, json, statistics, sys
-out, tmp, shape = sys.argv[1], sys.argv[2], sys.argv[3]
+out, tmp, shape, before_flags, after_flags = sys.argv[1:6]
 rows = list(csv.DictReader(open(f"{out}/decode.csv")))
 med = {b: statistics.median(float(r["seconds"]) for r in rows if r["build"] == b) for b in ("before", "after")}
 def figures(x):  # every field but the timings
@@ -55,7 +57,8 @@ def figures(x):  # every field but the timings
     return x
 same = figures(json.load(open(f"{tmp}/before/results.json"))) == figures(json.load(open(f"{tmp}/after/results.json")))
 summary = {"shape": shape, "median_s": med, "speedup": round(med["before"] / med["after"], 2), "runs": len(rows) // 2,
-           "same_figures": same}
+           "same_figures": same, **({"before_flags": before_flags} if before_flags else {}),
+           **({"after_flags": after_flags} if after_flags else {})}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print(json.dumps(summary))
 PY

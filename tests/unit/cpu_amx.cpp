@@ -23,6 +23,14 @@ using kvfuse::bf16;
 
 bool same_bits(bf16 a, bf16 b) { return a.bits == b.bits; }
 
+// A's layout for gemm_bf16: m rows a [m][k] rounded (amx_round_row), then zero rows up to a multiple of 16.
+std::vector<bf16> amx_rows(const float* a, std::int64_t m, std::int64_t k) {
+  const std::int64_t kp = d::amx_padded_k(k);
+  std::vector<bf16> out(static_cast<std::size_t>(d::amx_padded_rows(m) * kp));
+  for (std::int64_t i = 0; i < m; ++i) d::amx_round_row(a + i * k, k, out.data() + i * kp);
+  return out;
+}
+
 TEST_CASE("amx_round_row gives to_bf16's bits (ties to even, subnormals, infinities, NaN) and zeros up to 32 values") {
   std::vector<float> in = {1.0f, -2.5f, 1.00390625f /* a tie: stays 1 */, 1.01171875f /* a tie: rounds up */,
                            std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::min(),
@@ -87,9 +95,7 @@ TEST_CASE("gemm_bf16 sums the bf16-rounded products in fp32 (within fp32 roundin
         CAPTURE(n);
         const std::vector<float> a = kvfuse_test::random_floats(static_cast<std::size_t>(m * k), rng);
         const std::vector<float> w = kvfuse_test::random_floats(static_cast<std::size_t>(n * k), rng);
-        const std::int64_t kp = d::amx_padded_k(k);
-        std::vector<bf16> rows(static_cast<std::size_t>(d::amx_padded_rows(m) * kp));
-        d::amx_rows(a.data(), k, m, k, rows.data());
+        const std::vector<bf16> rows = amx_rows(a.data(), m, k);
         std::vector<bf16> panels(static_cast<std::size_t>(d::amx_packed_size(k, n)));
         std::vector<bf16> scratch(static_cast<std::size_t>(d::amx_pack_scratch(k)));
         d::amx_pack_transposed(w.data(), k, n, k, panels.data(), scratch.data());
@@ -122,8 +128,7 @@ TEST_CASE("gemm_bf16 sums the bf16-rounded products in fp32 (within fp32 roundin
         int differ = 0;
         std::vector<float> one(static_cast<std::size_t>(n));
         for (std::int64_t i = 0; i < m; ++i) {
-          std::vector<bf16> row(static_cast<std::size_t>(16 * kp));
-          d::amx_rows(a.data() + i * k, k, 1, k, row.data());
+          const std::vector<bf16> row = amx_rows(a.data() + i * k, 1, k);
           REQUIRE(d::gemm_bf16(row.data(), 1, k, panels.data(), n, one.data(), n));
           differ += std::memcmp(one.data(), c.data() + i * ldc, static_cast<std::size_t>(n) * sizeof(float)) != 0;
         }

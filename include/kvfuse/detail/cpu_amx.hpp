@@ -3,13 +3,15 @@
 // weight projections when CpuLlamaOptions::products is CpuProducts::bf16 (backend/cpu/llama.hpp).
 //
 // C [m][n] = A [m][k] · B [k][n] with A and B rounded to bf16 (to_bf16: round to nearest even) and every product
-// summed in fp32 by TDPBF16PS (a bf16 × bf16 product is exact in fp32), 32 values of k per instruction, in k order.
+// summed in fp32 by TDPBF16PS (a bf16 × bf16 product is exact in fp32), 32 values of k per instruction, the tiles
+// in k order (within a tile the hardware's own order of additions: not the sequential chain of the fp32 products, so
+// the last bits differ from those of fp32 products of the rounded values).
 // Each element of C depends only on its row of A and its column of B: a row's result does not depend on how many
 // rows are multiplied with it or where in a tile it sits, so batched == alone holds as for the fp32 products.
 // Inputs and results that are fp32 subnormals are flushed to zero by the instruction.
 //
 // Layouts, k padded with zeros to a multiple of 32 (kp = amx_padded_k(k)):
-//   A  bf16 rows of kp values (amx_rows), m padded with zero rows to a multiple of 16;
+//   A  bf16 rows of kp values (amx_round_row), m padded with zero rows to a multiple of 16;
 //   B  panels of 16 columns (amx_pack_transposed from row-major weight rows S [n][k], B[p][j] = S[j][p]), each
 //      kp / 32 tiles of 16 rows × 32 values: tile t holds B[32t + 2r + e][j] at 32r + 2j + e (AMX's pairs of k;
 //      zero past column n), the tiles of a panel one after the other.
@@ -56,9 +58,9 @@ inline bool cpu_uses_amx() noexcept {
   static const bool yes = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;
+    const bool tile = (d >> 24) & 1u, dot_bf16 = (d >> 22) & 1u;
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+    return tile && dot_bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
   }();
   return yes;
 #else
@@ -95,13 +97,6 @@ inline void amx_round_row(const float* in, std::int64_t k, bf16* out) {
   std::fill(out + k, out + amx_padded_k(k), bf16{});
 }
 
-// A's layout from row-major fp32 rows a [m][k] (row stride lda): amx_padded_rows(m) rows of amx_padded_k(k) values.
-inline void amx_rows(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k, bf16* out) {
-  const std::int64_t kp = amx_padded_k(k);
-  for (std::int64_t i = 0; i < m; ++i) amx_round_row(a + i * lda, k, out + i * kp);
-  std::fill(out + m * kp, out + amx_padded_rows(m) * kp, bf16{});
-}
-
 #if KVFUSE_CPU_DISPATCH_AMX
 namespace amx {
 // out[q] = word q of every in[j]: a 16 x 16 transpose of 32-bit words (two bf16 values of k each). Unpacks make 4 x 4
@@ -122,7 +117,8 @@ __attribute__((target("avx512f"))) inline void transpose16(const bf16* in, std::
     r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(all8, t[4 * i + 1], t[4 * i + 3]);
   }
   for (int c = 0; c < 4; ++c) {
-    const __m512i u0 = _mm512_maskz_shuffle_i32x4(all16, r[c], r[4 + c], 0x44), u1 = _mm512_maskz_shuffle_i32x4(all16, r[c], r[4 + c], 0xee);
+    const __m512i u0 = _mm512_maskz_shuffle_i32x4(all16, r[c], r[4 + c], 0x44);  // lanes 0, 1 of each
+    const __m512i u1 = _mm512_maskz_shuffle_i32x4(all16, r[c], r[4 + c], 0xee);  // lanes 2, 3 of each
     const __m512i u2 = _mm512_maskz_shuffle_i32x4(all16, r[8 + c], r[12 + c], 0x44);
     const __m512i u3 = _mm512_maskz_shuffle_i32x4(all16, r[8 + c], r[12 + c], 0xee);
     _mm512_storeu_si512(out + 32 * c, _mm512_maskz_shuffle_i32x4(all16, u0, u2, 0x88));
@@ -224,7 +220,7 @@ KVFUSE_TARGET_AMX inline void block(const bf16* a, std::int64_t kp, const bf16* 
   }
 }
 
-// C [m][n] (row stride ldc) = A · B, A in amx_rows' layout (kp = amx_padded_k(k) values a row), B the panels of
+// C [m][n] (row stride ldc) = A · B, A in amx_round_row's rows (kp = amx_padded_k(k) values a row), B the panels of
 // amx_pack_transposed for columns [0, n). Blocks of 32 x 32, a block column's panels kept in cache while A streams.
 KVFUSE_TARGET_AMX inline void gemm(const bf16* a, std::int64_t m, std::int64_t k, const bf16* panels, std::int64_t n,
                                    float* c, std::int64_t ldc) {

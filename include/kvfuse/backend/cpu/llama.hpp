@@ -130,8 +130,8 @@ struct CpuLlamaOptions {
     detail::require(prefill_block_rows >= 0, "CpuLlamaOptions: prefill_block_rows = {} must be >= 0 (0: one pass)",
                     prefill_block_rows);
     detail::require(products != CpuProducts::bf16 || detail::cpu_uses_amx(),
-                    "CpuLlamaOptions: products = bf16 needs Intel AMX-BF16 (Xeon 4th generation or later, Linux 5.16 or "
-                    "later); this CPU or kernel has not got it (products = fp32 runs anywhere)");
+                    "CpuLlamaOptions: products = bf16 needs Intel AMX-BF16 (Xeon 4th generation or later, Linux "
+                    "5.16 or later); this CPU or kernel has not got it (products = fp32 runs anywhere)");
   }
 };
 

@@ -250,7 +250,8 @@ KVFUSE_CPU_INLINE void CpuLlama::project_bf16(const RowMatrix& x, const WeightMa
   const std::int64_t out = w.rows();
   const std::int64_t k = w.cols();
   const std::int64_t kp = detail::amx_padded_k(k);
-  const auto packed = std::find_if(bf16_panels_.begin(), bf16_panels_.end(), [&](const auto& e) { return e.first == &w; });
+  const auto packed =
+      std::find_if(bf16_panels_.begin(), bf16_panels_.end(), [&](const auto& e) { return e.first == &w; });
   detail::require(packed != bf16_panels_.end(), "CpuLlama: a {} x {} projection without bf16 panels", out, k);
   const bf16* const panels = packed->second.data();
   y.resize(m, out);
