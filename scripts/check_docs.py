@@ -780,12 +780,12 @@ def check_server_coverage(root, results, alphas, llama_alpha, judged_alpha, comm
     check_server_judged(page, d / "requests-64x3", judged_alpha, commit, what)
 
 
-def check_server_judged(page, judged, alpha, commit, what):
+def check_server_judged(page, judged, alpha, commit, what, kvfuse="kvfuse-server"):
     """docs/server.md, the issue's protocol for Cache-Craft α = alpha with prefix coverage in bench_server.sh's
     directory `judged` (three runs): the arms' medians (summary.json), each run's ratios, and the median ratios and
-    exact matches the text says."""
-    names = {"kvfuse-server, full prefill": "kvfuse-full",
-             f"kvfuse-server, Cache-Craft α = {alpha} with prefix coverage": "kvfuse",
+    exact matches the text says. `kvfuse`: how the kvfuse arms' rows name the server."""
+    names = {f"{kvfuse}, full prefill": "kvfuse-full",
+             f"{kvfuse}, Cache-Craft α = {alpha} with prefix coverage": "kvfuse",
              "llama-server, no prompt cache": "llama-full",
              "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}
     page.compare(f"| arm, 3 × 64 requests, {commit}, medians |", f"server.md, {what}, 3 x 64 requests",
@@ -825,6 +825,50 @@ def check_fusion_step(root):
         problem(page.name, 1, f"the fusion step: summary.json's speed-up {s['speedup']} (same figures: "
                               f"{s['same_figures']}) is not what the page says")
     check_server_judged(Page(root, "docs/server.md"), d / "requests-64x3", "1.5", "4dc9e5f", "a faster fusion step")
+
+
+def check_server_amx(root):
+    """docs/server.md, "bf16 products on AMX" (results/server-amx-2026-12-02/): the calibration run's table and the
+    judged runs (requests-64x3/), kvfuse-server with --products bf16."""
+    page = Page(root, "docs/server.md")
+    d = root / "docs/results/server-amx-2026-12-02"
+    label = "kvfuse-server --products bf16"
+    page.compare("| bf16 products, calibration requests |", "server.md, bf16 products, calibration",
+                 server_summary_rows(d / "calibration/summary.json",
+                                     {f"{label}, full prefill": "kvfuse-full",
+                                      f"{label}, Cache-Craft α = 1.5 with prefix coverage": "kvfuse",
+                                      "llama-server, no prompt cache": "llama-full",
+                                      "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}))
+    check_server_judged(page, d / "requests-64x3", "1.5", "9ce65b4", "bf16 products on AMX", label)
+    alpha = [load_json(d / f"calibration-alpha/cachecraft@{a}-cover/summary.json") for a in (2, 3)]
+    text = " ".join(" ".join(page.lines).split())
+    for phrase in (" and ".join(f"{x['kvfuse']['exact_match']:.3f}" for x in alpha) + " of the 64 calibration",
+                   "TTFT p50 of " + " and ".join(f"{x['kvfuse']['ttft_p50_ms']:.0f}" for x in alpha) + " ms"):
+        if phrase not in text:
+            problem(page.name, 1, f"bf16 products, α = 2 and 3 on the calibration requests: '{phrase}' is not said")
+
+
+def check_cpu_amx(root):
+    """docs/cpu-backend.md, "bf16 products on AMX" (results/amx-2026-12-02/): full prefill's TTFT per products
+    (ttft.csv: medians of the runs, the speed-up), bench_decode.sh's two shapes (decode.csv, summary.json)."""
+    page = Page(root, "docs/cpu-backend.md")
+    d = root / "docs/results/amx-2026-12-02"
+    rows = list(csv.DictReader(open(d / "ttft.csv", encoding="utf-8")))
+    expected = {}
+    for shape, name in (("5x130", "5 passages of 130 tokens"), ("10", "10 whole passages")):
+        med = {p: st.median(float(r["full_prefill_ttft_ms"]) for r in rows if r["shape"] == shape and r["products"] == p)
+               for p in ("fp32", "bf16")}
+        tokens = {r["mean_prompt_tokens"] for r in rows if r["shape"] == shape}
+        expected[f"{name} ({float(tokens.pop()):.0f} tokens)"] = [f"{med['fp32']:.0f}", f"{med['bf16']:.0f}",
+                                                                  f"{med['fp32'] / med['bf16']:.2f}"]
+    page.compare("| prompt, full prefill |", "cpu-backend.md, bf16 products, full prefill", expected)
+    text = " ".join(" ".join(page.lines).split())
+    for shape in ("decode", "prefill"):
+        page.compare(f"| products, `SHAPE={shape}` |", f"cpu-backend.md, bf16 products, SHAPE={shape}",
+                     decode_csv_rows(d / shape / "decode.csv", "fp32", "bf16"))
+        s = load_json(d / shape / "summary.json")
+        if s["same_figures"] or s.get("after_flags") != "--products bf16" or f"{s['speedup']:.2f} × on the" not in text:
+            problem(page.name, 1, f"bf16 products, SHAPE={shape}: summary.json's speed-up {s['speedup']} is not said")
 
 
 def check_cpu_prefill_avx512(root):
@@ -1117,6 +1161,7 @@ def main():
                   ("| Cache-Craft with prefix coverage after the AVX-512 product, calibration requests |",
                    "| llama-server, calibration requests, 36c2ff3's run |"), "after the AVX-512 product"),
               lambda: check_results_cover_gate(root), lambda: check_cpu_prefill_avx512(root), lambda: check_fusion_step(root),
+              lambda: check_server_amx(root), lambda: check_cpu_amx(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:
