@@ -8,7 +8,8 @@
 # runs the per-layer statistics: questions 0-1, 10 passages cut to 130 tokens, naive reuse, CacheBlend (K deviation),
 # QueryAware (query mass) and Cache-Craft with prefix coverage (chunk mass; its variants recorded by a full prefill in
 # another passage order). BEFORE_FLAGS / AFTER_FLAGS: more kvfuse-rag-eval flags for each build (e.g. the same binary
-# twice with AFTER_FLAGS="--products bf16"). Writes OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json
+# twice with AFTER_FLAGS="--products bf16"; same_figures is then false, as it must be when the flags change the
+# numerics). Writes OUT_DIR/decode.csv (run, build, seconds) and OUT_DIR/summary.json
 # (medians, their ratio, same_figures, shape, the flags).
 set -euo pipefail
 before=$1 after=$2 out=$3 runs=${4:-5}

@@ -521,7 +521,12 @@ class ProductsTest(unittest.TestCase):
     def test_bf16_server_reuses_parts_in_another_order_and_streams_as_it_answers(self):
         if not cpu_has_amx_bf16():
             self.skipTest("this CPU has no AMX-BF16")
-        server = Server("--products", "bf16")
+        try:
+            server = Server("--products", "bf16")
+        except RuntimeError as e:  # the flag is there but the kernel does not grant the tile data (Linux < 5.16)
+            if "needs Intel AMX-BF16" in str(e):
+                self.skipTest("the kernel does not let this process use AMX")
+            raise
         try:
             self.assertTrue(any("bf16 products" in line for line in server.log), "".join(server.log))
             client = server.client()

@@ -253,6 +253,17 @@ TEST_CASE("FusionConnector::plan: planning twice gives the same plan and touches
   CHECK_FALSE(link.statistics.any());
 }
 
+TEST_CASE("chunk_end: a chunked prefill ends on a query block unless it reaches the prompt's end or none lies in its "
+          "range") {
+  CHECK(chunk_end(0, 100, 524, 64) == 64);
+  CHECK(chunk_end(0, 512, 1000, 64) == 512);
+  CHECK(chunk_end(64, 505, 1000, 64) == 512);
+  CHECK(chunk_end(64, 460, 524, 64) == 524);  // the prompt's last row: any length
+  CHECK(chunk_end(60, 6, 200, 64) == 64);
+  CHECK(chunk_end(10, 6, 200, 64) == 16);     // no multiple of 64 in (10, 16]: the budget's end
+  CHECK(chunk_end(10, 60, 200, 64) == 64);
+}
+
 TEST_CASE("CpuBatchEngine: batched requests give the tokens of each request alone, for every method") {
   const CpuLlama model = small_llama();
   ProbeStore store;
@@ -484,7 +495,9 @@ TEST_CASE("CpuBatchEngine and FusionPipeline: chunk caches behind a chunk contex
 }
 
 TEST_CASE("CpuBatchEngine: queued chunk caches are computed one a step while other prefills take the whole budget") {
-  const CpuLlama model = small_llama();
+  // Query blocks of one row: the chunked prefills take every token the budget gives them (chunk_end).
+  const CpuLlama model(kvfuse_test::small_llama_config(), LlamaWeights::random(kvfuse_test::small_llama_config(), 5),
+                       CpuLlamaOptions{2, 1});
   ProbeStore store;
   const std::vector<Prompt> ps = prompts();
   BatchEngineConfig config;

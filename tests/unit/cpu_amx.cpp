@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -80,7 +81,7 @@ TEST_CASE("amx_pack_transposed puts B[p][j] = S[j][p] at AMX's pairs of k (tile 
 }
 
 TEST_CASE("gemm_bf16 sums the bf16-rounded products in fp32 (within fp32 rounding of a double sum), each row the "
-          "same bits alone as in a batch, for every edge of the 32 x 32 blocks") {
+          "same bits alone as in a batch and by column ranges, for every edge of the 32 x 32 blocks") {
   if (!d::cpu_uses_amx()) {
     kvfuse_test::skip("this CPU (or kernel) has no AMX-BF16: the bf16 product cannot run here");
     return;
@@ -133,6 +134,13 @@ TEST_CASE("gemm_bf16 sums the bf16-rounded products in fp32 (within fp32 roundin
           differ += std::memcmp(one.data(), c.data() + i * ldc, static_cast<std::size_t>(n) * sizeof(float)) != 0;
         }
         CHECK(differ == 0);
+        // Column ranges of 32 (the engine's tasks: panels + c0 * kp, C's columns from c0) give the same bits too.
+        std::vector<float> split(c.size(), 777.0f);
+        for (std::int64_t c0 = 0; c0 < n; c0 += 32) {
+          const bf16* columns = panels.data() + c0 * d::amx_padded_k(k);
+          REQUIRE(d::gemm_bf16(rows.data(), m, k, columns, std::min<std::int64_t>(32, n - c0), split.data() + c0, ldc));
+        }
+        CHECK(split == c);
         ++compared;
       }
     }

@@ -285,6 +285,20 @@ TEST_CASE("chunked prefill equals full prefill (CpuLlamaSession::compute_kv and 
   CHECK(diff(last, full.logits).rounding());
 }
 
+TEST_CASE("chunked prefill whose chunks end on attention query blocks equals full prefill bit for bit") {
+  const CpuLlama model = tiny_model();  // query_block 4
+  REQUIRE(model.query_block() == 4);
+  const std::vector<token_id> tokens = prompt_tokens(22);
+  const kvfuse::LlamaPrefill full = model.full_prefill(tokens);
+  LlamaKVCache kv = model.empty_kv();
+  std::vector<float> last;
+  for (kvfuse::TokenRange r : {kvfuse::TokenRange{0, 8}, {8, 12}, {12, 20}, {20, 22}})  // the last chunk: any length
+    last = model.extend(kv, std::span<const token_id>(tokens).subspan(static_cast<std::size_t>(r.begin),
+                                                                      static_cast<std::size_t>(r.size())));
+  CHECK(flat_kv(kv) == flat_kv(full.kv));
+  CHECK(last == full.logits);
+}
+
 TEST_CASE("full_prefill and prefill_chunk in row blocks (CpuLlamaOptions::prefill_block_rows) equal one pass to "
           "float rounding") {
   const CpuLlama one_pass = tiny_model();

@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "kvfuse/core/dtype.hpp"
+#include "kvfuse/detail/cpu_kernels.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && defined(__linux__)
 #define KVFUSE_CPU_DISPATCH_AMX 1
@@ -90,7 +91,7 @@ __attribute__((target("avx512f"))) inline void round16(const float* in, bf16* ou
 inline void amx_round_row(const float* in, std::int64_t k, bf16* out) {
   std::int64_t p = 0;
 #if KVFUSE_CPU_DISPATCH_AMX
-  if (cpu_uses_amx())
+  if (cpu_uses_avx512())
     for (; p + 16 <= k; p += 16) amx::round16(in + p, out + p);
 #endif
   for (; p < k; ++p) out[p] = to_bf16(in[p]);
@@ -145,7 +146,7 @@ inline void amx_pack_transposed(const float* s, std::int64_t ld_s, std::int64_t 
     // Pair q (values 2q, 2q + 1) of column j: tile q / 16, row q % 16, values 2j and 2j + 1, so at 2 (16 q + j).
     bf16* panel = panels + j0 * kp;
 #if KVFUSE_CPU_DISPATCH_AMX
-    if (cpu_uses_amx()) {
+    if (cpu_uses_avx512()) {
       for (std::int64_t p = 0; p < kp; p += kAmxTileK) amx::transpose16(scratch + p, kp, panel + p * kAmxPanel);
       continue;
     }
@@ -167,8 +168,8 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-// C rows [0, mc) and columns [0, nc) of an RT x CT block of 16 x 16 tiles; A: RT tiles of rows, kp values apart;
-// B: CT panels, panel_stride values apart. Accumulators in tiles 0-3, A in 4-5, B in 6-7.
+// C rows [0, mc) and columns [0, nc) of an RT x CT block of 16 x 16 tiles; A: RT tiles of 16 rows (rows kp values
+// apart); B: CT panels, panel_stride values apart. Accumulators in tiles 0-3, A in 4-5, B in 6-7.
 template <int RT, int CT>
 KVFUSE_TARGET_AMX inline void block(const bf16* a, std::int64_t kp, const bf16* b, std::int64_t panel_stride, float* c,
                                     std::int64_t ldc, std::int64_t mc, std::int64_t nc) {
@@ -224,6 +225,9 @@ KVFUSE_TARGET_AMX inline void block(const bf16* a, std::int64_t kp, const bf16* 
 // amx_pack_transposed for columns [0, n). Blocks of 32 x 32, a block column's panels kept in cache while A streams.
 KVFUSE_TARGET_AMX inline void gemm(const bf16* a, std::int64_t m, std::int64_t k, const bf16* panels, std::int64_t n,
                                    float* c, std::int64_t ldc) {
+  // GCC's tile loads and stores are asm that names no memory: the barriers keep the caller's stores to A and B before
+  // them and its reads of C after them, should this function be inlined (an AMX-enabled -march).
+  asm volatile("" ::: "memory");
   const std::int64_t kp = amx_padded_k(k);
   const std::int64_t panel_stride = kAmxPanel * kp;
   TileConfig config;
@@ -249,6 +253,7 @@ KVFUSE_TARGET_AMX inline void gemm(const bf16* a, std::int64_t m, std::int64_t k
     }
   }
   _tile_release();
+  asm volatile("" ::: "memory");
 }
 
 }  // namespace amx

@@ -8,7 +8,8 @@
 // full-prefill request whose prompt has stored prefix entries (prefix_chunk_keys) is a Cake request, its stored prefix
 // loaded from the back by CakeRequests' I/O thread (schedule/cake_requests.hpp). Cake's TokenBudgetScheduler splits the
 // token budget (Cake §3, §5.4) — one row to every decoding request first, then prefills in arrival order: a
-// full-prefill request takes the budget in chunks (chunked prefill), a fusion request's partial prefill (|S_0| rows;
+// full-prefill request takes the budget in chunks (chunked prefill, each ending on an attention query block: chunk_end),
+// a fusion request's partial prefill (|S_0| rows;
 // its S_l shrink on later layers) runs whole in one step, when the budget left holds it or nothing else is in the step
 // (a two-pass plan's second pass, QueryProbe, the same in a later step); last, what is left goes to the Cake requests'
 // compute sides, each computing from the front up to where its loads are (Cake §4, appendix B; with
@@ -40,7 +41,8 @@
 // kvfuse::error naming it (code beyond_context for a prompt plus max_tokens beyond the model's context).
 //
 // The first token's logits of a request equal those of FusionPipeline::run of the same prompt and method over the
-// same store contents, bit for bit, batched or alone (CpuLlama::forward's rows do not see each other). A Cake
+// same store contents, bit for bit, batched or alone (CpuLlama::forward's rows do not see each other; a chunked full
+// prefill's chunks end on query blocks wherever the budget allows, so their bits do not depend on the split). A Cake
 // request's equal full prefill's to float rounding when its stored prefix is full prefill's KV: where its two sides
 // meet sets the boundaries of its computed chunks, and the softmax sums a query block's keys in SIMD lanes with a
 // scalar tail, so the last bits depend on them.
@@ -159,6 +161,17 @@ struct BatchEngineConfig {
   }
 };
 
+// Where a chunked prefill that has computed rows [0, prefilled) of a prompt of num_tokens rows and may take `tokens` more
+// ends: on a multiple of the attention's query block (CpuLlama::query_block) unless it reaches the prompt's end or no
+// multiple lies in its range, so that the rows' KV and logits are the bits of one pass however the token budget of
+// each step split the prompt (a batch-independent full prefill: the same bits batched as alone).
+[[nodiscard]] inline std::int64_t chunk_end(std::int64_t prefilled, std::int64_t tokens, std::int64_t num_tokens,
+                                            std::int64_t block) noexcept {
+  const std::int64_t end = prefilled + tokens;
+  const std::int64_t aligned = end / block * block;
+  return end == num_tokens || aligned <= prefilled ? end : aligned;
+}
+
 template <RangedKVStore Store>
 class CpuBatchEngine {
  public:
@@ -244,6 +257,13 @@ class CpuBatchEngine {
                                 : PrefillRequest{id, r.prefill_cost(), false});
     }
     stats_.plan = scheduler_.plan_step(decodes, prefills);
+    for (BudgetAllocation& a : stats_.plan.allocations) {  // chunked prefills end on query blocks (chunk_end)
+      const Running& r = *running_.at(a.id);
+      if (a.use != BudgetUse::prefill || !r.is_full()) continue;
+      const std::int64_t end = chunk_end(r.prefilled, a.tokens, r.num_tokens(), model_->query_block());
+      stats_.plan.used_tokens -= r.prefilled + a.tokens - end;
+      a.tokens = end - r.prefilled;
+    }
     const StepPlan& plan = stats_.plan;
 
     items_.clear();

@@ -191,6 +191,9 @@ class CpuLlama {
   [[nodiscard]] const LlamaConfig& config() const noexcept { return config_; }
   [[nodiscard]] const LlamaWeights& weights() const noexcept { return weights_; }
   [[nodiscard]] int threads() const noexcept { return pool_->size(); }
+  // Queries per attention task (CpuLlamaOptions::query_block): rows computed in chunks that end on multiples of it
+  // (but the last) get the bits of one pass — the blocks are the same (CpuBatchEngine's chunked prefill keeps to them).
+  [[nodiscard]] std::int64_t query_block() const noexcept { return options_.query_block; }
 
   // XXH3 (core/hash.hpp) over the config and every weight byte: tells models apart for KVKey::model
   // (backend/concepts.hpp), down to one changed weight (a fine-tune, a damaged file). About 10 ms per 100 MB of
@@ -294,7 +297,7 @@ class CpuLlama {
   // detail::kRowBlock rows of x (decoding, small batches) a task packs one panel at a time into a buffer of its
   // own and uses it while it is in cache; more rows share `panels` (one buffer per call of run), packed once
   // for every block of rows. Each output is the same chain of multiply-adds either way (gemm_tile's), so the
-  // result of a row does not depend on how many rows are multiplied with it.
+  // result of a row does not depend on how many rows are multiplied with it. CpuProducts::bf16: project_bf16.
   void project(const RowMatrix& x, const WeightMatrix& w, RowMatrix& y, std::vector<float>& panels) const;
   // project with CpuProducts::bf16: x rounded once (detail::amx_round_row) and multiplied by W's panels packed at
   // construction, each task 32 columns at a time (detail::gemm_bf16: a row's result does not depend on the other rows

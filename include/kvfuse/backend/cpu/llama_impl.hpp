@@ -27,6 +27,7 @@
 namespace kvfuse {
 
 KVFUSE_CPU_INLINE CpuLlama CpuLlama::from_gguf(const GGUFFile& file, CpuLlamaOptions options) {
+  options.validate();  // before the weights are read: a refused option costs no load
   LlamaConfig config = LlamaConfig::from_gguf(file);
   LlamaWeights weights = LlamaWeights::from_gguf(file, config);
   file.release_pages();  // the weights are copied: the file's pages need not stay resident beside them
