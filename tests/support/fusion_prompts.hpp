@@ -41,4 +41,10 @@ inline const std::vector<kvfuse::token_id> kB = chunk_tokens(11, 3);
 inline const std::vector<kvfuse::token_id> kC = chunk_tokens(8, 4);
 inline const std::vector<kvfuse::token_id> kQuery = chunk_tokens(5, 5);
 
+// Three prompts reusing the same chunks in other orders and positions (the batch-engine tests).
+inline std::vector<Prompt> reordered_prompts() {
+  return {assemble({kSystem, kA, kB, kC}, kQuery), assemble({kSystem, kC, kA}, kQuery),
+          assemble({kSystem, kB, kC, kA}, chunk_tokens(4, 9))};
+}
+
 }  // namespace kvfuse_test

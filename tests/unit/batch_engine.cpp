@@ -78,11 +78,7 @@ class ProbeStore {
 };
 static_assert(RangedKVStore<ProbeStore>);
 
-// Three prompts reusing the same chunks in other orders and positions.
-std::vector<Prompt> prompts() {
-  return {assemble({kSystem, kA, kB, kC}, kQuery), assemble({kSystem, kC, kA}, kQuery),
-          assemble({kSystem, kB, kC, kA}, chunk_tokens(4, 9))};
-}
+std::vector<Prompt> prompts() { return kvfuse_test::reordered_prompts(); }
 
 // Greedy tokens of FusionPipeline::run (the single-request driver) and CpuLlama::greedy_decode: the reference.
 std::vector<token_id> alone_by_pipeline(const CpuLlama& model, ProbeStore& store, const Prompt& p,

@@ -26,13 +26,6 @@
 namespace unit_cpu_llama_bf16 {
 
 using namespace kvfuse;
-using kvfuse_test::assemble;
-using kvfuse_test::chunk_tokens;
-using kvfuse_test::kA;
-using kvfuse_test::kB;
-using kvfuse_test::kC;
-using kvfuse_test::kQuery;
-using kvfuse_test::kSystem;
 using kvfuse_test::Prompt;
 
 namespace {
@@ -54,10 +47,7 @@ bool no_amx() {
   return true;
 }
 
-std::vector<Prompt> prompts() {
-  return {assemble({kSystem, kA, kB, kC}, kQuery), assemble({kSystem, kC, kA}, kQuery),
-          assemble({kSystem, kB, kC, kA}, chunk_tokens(4, 9))};
-}
+std::vector<Prompt> prompts() { return kvfuse_test::reordered_prompts(); }
 
 struct NoHooks final : StepHooks {
   Status before_layer(std::size_t, std::int64_t) override { return Status::success; }
