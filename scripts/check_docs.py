@@ -840,6 +840,7 @@ def check_server_amx(root):
                                       "llama-server, no prompt cache": "llama-full",
                                       "llama-server, prompt cache + `--cache-reuse 256`": "llama-reuse"}))
     check_server_judged(page, d / "requests-64x3", "1.5", "9ce65b4", "bf16 products on AMX", label)
+    check_server_judged(page, d / "requests-64x3-aligned", "1.5", "0ecddd1", "bf16 products, chunk_end", label)
     alpha = [load_json(d / f"calibration-alpha/cachecraft@{a}-cover/summary.json") for a in (2, 3)]
     text = " ".join(" ".join(page.lines).split())
     for phrase in (" and ".join(f"{x['kvfuse']['exact_match']:.3f}" for x in alpha) + " of the 64 calibration",
