@@ -8,10 +8,10 @@
 // full-prefill request whose prompt has stored prefix entries (prefix_chunk_keys) is a Cake request, its stored prefix
 // loaded from the back by CakeRequests' I/O thread (schedule/cake_requests.hpp). Cake's TokenBudgetScheduler splits the
 // token budget (Cake §3, §5.4) — one row to every decoding request first, then prefills in arrival order: a
-// full-prefill request takes the budget in chunks (chunked prefill, each ending on an attention query block: chunk_end),
-// a fusion request's partial prefill (|S_0| rows;
-// its S_l shrink on later layers) runs whole in one step, when the budget left holds it or nothing else is in the step
-// (a two-pass plan's second pass, QueryProbe, the same in a later step); last, what is left goes to the Cake requests'
+// full-prefill request takes the budget in chunks (chunked prefill, each ending on an attention query block where the
+// budget allows: chunk_end), a fusion request's partial prefill (|S_0| rows; its S_l shrink on later layers) runs
+// whole in one step, when the budget left holds it or nothing else is in the step (a two-pass plan's second pass,
+// QueryProbe, the same in a later step); last, what is left goes to the Cake requests'
 // compute sides, each computing from the front up to where its loads are (Cake §4, appendix B; with
 // BatchEngineConfig::cake_speeds at most one compute chunk sized for its stored prefix by choose_chunk_sizes). Where a
 // Cake request's two sides met, its loaded KV is installed at the next step and the rest of its prompt is chunked
@@ -161,10 +161,10 @@ struct BatchEngineConfig {
   }
 };
 
-// Where a chunked prefill that has computed rows [0, prefilled) of a prompt of num_tokens rows and may take `tokens` more
-// ends: on a multiple of the attention's query block (CpuLlama::query_block) unless it reaches the prompt's end or no
-// multiple lies in its range, so that the rows' KV and logits are the bits of one pass however the token budget of
-// each step split the prompt (a batch-independent full prefill: the same bits batched as alone).
+// Where a chunked prefill that has computed rows [0, prefilled) of a prompt of num_tokens rows and may take `tokens`
+// more ends: on a multiple of the attention's query block (CpuLlama::query_block) unless it reaches the prompt's end
+// or no multiple lies in its range, so that the rows' KV and logits are the bits of one pass however the token budget
+// of each step split the prompt (a batch-independent full prefill: the same bits batched as alone).
 [[nodiscard]] inline std::int64_t chunk_end(std::int64_t prefilled, std::int64_t tokens, std::int64_t num_tokens,
                                             std::int64_t block) noexcept {
   const std::int64_t end = prefilled + tokens;

@@ -192,7 +192,8 @@ class CpuLlama {
   [[nodiscard]] const LlamaWeights& weights() const noexcept { return weights_; }
   [[nodiscard]] int threads() const noexcept { return pool_->size(); }
   // Queries per attention task (CpuLlamaOptions::query_block): rows computed in chunks that end on multiples of it
-  // (but the last) get the bits of one pass — the blocks are the same (CpuBatchEngine's chunked prefill keeps to them).
+  // (but the last) get the bits of one pass, the blocks being the same (CpuBatchEngine's chunked prefill keeps to
+  // them).
   [[nodiscard]] std::int64_t query_block() const noexcept { return options_.query_block; }
 
   // XXH3 (core/hash.hpp) over the config and every weight byte: tells models apart for KVKey::model
