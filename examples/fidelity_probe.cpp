@@ -14,8 +14,12 @@
 //   chunks@r      whole chunks, last first, up to r of the reusable tokens, on every layer (no fresh/stale mix
 //                 inside a chunk)
 //   depth@m       every row on layers 0 .. m-1, the query only after (how far fresh layers alone go)
+//   full-bf16     full prefill by the same model with bf16 weight products (CpuProducts::bf16, Intel AMX), fed
+//                 fp32 full prefill's answer: what a rounding-sized change to every row does to the same figures
+//                 (a yardstick for the top-1 agreement and KL of the reuse methods, not a reuse method)
 //
-// Per method: teacher-forced KL(full ‖ method) over full prefill's greedy answer (mean and per answer token), the
+// Per method: teacher-forced KL(full ‖ method) over full prefill's greedy answer (mean and per answer token, with
+// whether each token's top-1 is kept; per question full prefill's top-1 probability margin of each), the
 // first token's KL, the computed share of full prefill's row-layers and, per layer, the squared V deviation from
 // full prefill of the rows it recomputed (after, and as loaded) and of the query rows; per question the per-layer KV deviation of the naive merge against full prefill, split into
 // each chunk's first token and its other tokens. Writes one JSON object to stdout.
@@ -27,9 +31,12 @@
 // --check-layers sets the hkvd / random check layers; the margins are 0.05 per later check (0.10, 0.05, 0 for three).
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -63,7 +70,7 @@ Probe parse_probe(const std::string& name) {
     p.starts = kvfuse_example::parse_int("--methods", p.kind.substr(5));
     p.kind = p.kind.substr(0, 5) + "s";
   }
-  kvfuse::require(p.kind == "full" || p.kind == "naive" || p.kind == "hkvd" || p.kind == "hkvd+s" ||
+  kvfuse::require(p.kind == "full" || p.kind == "full-bf16" || p.kind == "naive" || p.kind == "hkvd" || p.kind == "hkvd+s" ||
                       p.kind == "hkvd-s" ||
                       p.kind == "random" || p.kind == "starts" || p.kind == "chunks" || p.kind == "depth",
                   "--methods: unknown probe '{}'", name);
@@ -77,6 +84,15 @@ kvfuse::TokenSet chunk_starts(const kvfuse::PromptLayout& layout, std::int64_t s
     if (c.cached && c.range.begin > 0)
       for (std::int64_t t = c.range.begin; t < std::min(c.range.end, c.range.begin + s); ++t) rows.push_back(t);
   return rows;
+}
+
+// The probability of the top token minus that of the second, from logits.
+double top_margin(const std::vector<float>& logits) {
+  std::vector<float> z = logits;
+  std::partial_sort(z.begin(), z.begin() + 2, z.end(), std::greater<>());
+  double sum = 0;
+  for (const float v : logits) sum += std::exp(static_cast<double>(v) - z[0]);
+  return (1.0 - std::exp(static_cast<double>(z[1]) - z[0])) / sum;
 }
 
 kvfuse::TokenSet with_query(kvfuse::TokenSet rows, const kvfuse::PromptLayout& layout) {
@@ -124,13 +140,29 @@ int main(int argc, char** argv) try {
   const kvfuse::CpuLlama model = kvfuse::CpuLlama::from_gguf(file, options);
   const std::int64_t L = model.config().n_layer;
   const std::vector<std::string> names = kvfuse_example::split(methods);
+  std::optional<kvfuse::CpuLlama> bf16_model;  // full-bf16 only; refused with a message naming it without AMX
+  if (std::find(names.begin(), names.end(), "full-bf16") != names.end()) {
+    kvfuse::CpuLlamaOptions bf16 = options;
+    bf16.products = kvfuse::CpuProducts::bf16;
+    bf16_model.emplace(kvfuse::CpuLlama::from_gguf(file, bf16));
+  }
 
   nlohmann::json out;
   out["model"] = std::filesystem::path(path).filename().string();
   out["passages"] = max_passages;
   out["max_passage_tokens"] = max_passage_tokens;
   out["chunk_context"] = conditioned ? "system" : "none";
-  std::map<std::string, std::vector<double>> kl_sum;  // per method: [answer KL, first KL, recomputed]
+  std::map<std::string, std::array<double, 4>> kl_sum;  // per method: [answer KL, first KL, recomputed, top-1]
+  const auto add = [&kl_sum](const std::string& name, const kvfuse::eval::TeacherForced& tf, double first,
+                             double recomputed) {
+    std::array<double, 4>& s = kl_sum[name];
+    s[0] += tf.kl_mean;
+    s[1] += first;
+    s[2] += recomputed;
+    s[3] += tf.top1_agreement;
+    fmt::print(stderr, "{:>14}  KL answer {:.4f}  first {:.4f}  compute {:.3f}  top-1 {:.3f}\n", name, tf.kl_mean,
+               first, recomputed, tf.top1_agreement);
+  };
   for (const kvfuse_example::Question& q : kvfuse_example::load_questions(data, start, limit, max_passages)) {
     std::vector<std::string> passages;
     for (const std::string& p : q.passages) {
@@ -202,13 +234,38 @@ int main(int argc, char** argv) try {
                            {"k_first", k_first / n_first}, {"k_rest", k_rest / n_rest}});
     }
 
+    // Per answer token: full prefill's probability of its top token minus that of its runner-up (how near a tie
+    // the token a method must keep is), and per method KL(full ‖ method) and whether the top token is kept.
+    std::vector<double> margins;
+    for (const std::vector<float>& z : reference) margins.push_back(top_margin(z));
+    const auto per_token = [&reference](const std::vector<std::vector<float>>& forced) {
+      std::vector<double> kl;
+      std::vector<int> kept;
+      for (std::size_t i = 0; i < forced.size(); ++i) {
+        kl.push_back(kvfuse::eval::kl_divergence(reference[i], forced[i]));
+        kept.push_back(kvfuse::argmax_token(reference[i]) == kvfuse::argmax_token(forced[i]) ? 1 : 0);
+      }
+      return nlohmann::json{{"kl_per_answer_token", kl}, {"top1_per_answer_token", kept}};
+    };
     nlohmann::json qj{{"question", q.question}, {"tokens", n}, {"answer", tok.decode(answer, false)},
-                      {"naive_kv_deviation", deviation}};
+                      {"answer_top_margin", margins}, {"naive_kv_deviation", deviation}};
     std::int64_t reusable = 0;
     for (const kvfuse::PromptChunk& c : layout.chunks)
       if (c.range.begin > 0) reusable += c.range.size();
     for (const std::string& name : names) {
       const Probe p = parse_probe(name);
+      if (p.kind == "full-bf16") {
+        const kvfuse::LlamaPrefill other = bf16_model->full_prefill(tokens);
+        kvfuse::LlamaKVCache other_kv = other.kv;
+        const std::vector<std::vector<float>> forced = bf16_model->forced_logits(other_kv, other.logits, answer);
+        const kvfuse::eval::TeacherForced tf = kvfuse::eval::teacher_forced(reference, forced);
+        const double first = kvfuse::eval::kl_divergence(full.logits, other.logits);
+        qj["methods"][name] = per_token(forced);
+        qj["methods"][name].update({{"kl_answer_mean", tf.kl_mean}, {"top1", tf.top1_agreement},
+                                    {"kl_first_token", first}, {"compute_fraction", 1.0}});
+        add(name, tf, first, 1.0);
+        continue;
+      }
       kvfuse::TokenSet initial;
       kvfuse::SelectionPolicy policy;
       std::int64_t computed = 0;  // rows computed over all layers, reported by the policy
@@ -296,9 +353,8 @@ int main(int argc, char** argv) try {
       const double first = kvfuse::eval::kl_divergence(full.logits, res.logits);
       // Rows computed over all layers relative to full prefill's n · L.
       const double recomputed = static_cast<double>(computed) / static_cast<double>(n * L);
-      std::vector<double> per_token;
-      for (std::size_t i = 0; i < forced.size(); ++i) per_token.push_back(kvfuse::eval::kl_divergence(reference[i], forced[i]));
-      qj["methods"][name] = {{"kl_answer_mean", tf.kl_mean}, {"kl_per_answer_token", per_token}, {"top1", tf.top1_agreement}, {"kl_first_token", first},
+      qj["methods"][name] = per_token(forced);
+      qj["methods"][name].update({{"kl_answer_mean", tf.kl_mean}, {"top1", tf.top1_agreement}, {"kl_first_token", first},
                              {"compute_fraction", recomputed}, {"v_deviation_per_layer", layers},
                              {"max_abs_logit_diff_vs_full",
                               [&] {
@@ -306,21 +362,15 @@ int main(int argc, char** argv) try {
                                 for (std::size_t i = 0; i < res.logits.size(); ++i)
                                   d = std::max<double>(d, std::fabs(res.logits[i] - full.logits[i]));
                                 return d;
-                              }()}};
-      auto& s = kl_sum[name];
-      s.resize(3);
-      s[0] += tf.kl_mean;
-      s[1] += first;
-      s[2] += recomputed;
-      fmt::print(stderr, "{:>14}  KL answer {:.4f}  first {:.4f}  compute {:.3f}\n", name, tf.kl_mean, first,
-                 recomputed);
+                              }()}});
+      add(name, tf, first, recomputed);
     }
     out["per_question"].push_back(qj);
     fmt::print(stderr, "-- question done ({} tokens)\n", n);
   }
   for (const auto& [name, s] : kl_sum)
     out["means"][name] = {{"kl_answer_mean", s[0] / limit}, {"kl_first_token", s[1] / limit},
-                          {"compute_fraction", s[2] / limit}};
+                          {"compute_fraction", s[2] / limit}, {"top1", s[3] / limit}};
   fmt::print("{}\n", out.dump(1));
   return 0;
 } catch (const std::exception& e) {

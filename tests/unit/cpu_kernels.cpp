@@ -393,7 +393,7 @@ TEST_CASE("CpuLlama on Q8_0 weights equals CpuLlama on their fp32 dequantization
   kvfuse::LlamaWeights dense = quantized;
   dense.token_embd = quantized.token_embd.dense();
   for (kvfuse::LlamaLayerWeights& l : dense.layers)
-    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) *m = m->dense();
+    for (WeightMatrix* m : l.projections()) *m = m->dense();
   const kvfuse::CpuLlama a(c, quantized, kvfuse::CpuLlamaOptions{2, 8});
   const kvfuse::CpuLlama b(c, dense, kvfuse::CpuLlamaOptions{2, 8});
   std::vector<kvfuse::token_id> tokens;

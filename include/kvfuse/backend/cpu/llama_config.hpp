@@ -16,6 +16,7 @@
 // n_head_kv, mixture-of-experts, other bias or extra tensors (attn_output.bias, output.bias, EmbeddingGemma's
 // dense_2 / dense_3 projections among them), sliding-window patterns in a form llama.cpp does not define.
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -138,6 +139,12 @@ struct LlamaLayerWeights {
   Eigen::VectorXf bq;  // [q_dim]
   Eigen::VectorXf bk;  // [kv_dim]
   Eigen::VectorXf bv;  // [kv_dim]
+
+  // The seven weight projections in one order: the model's fingerprint hashes them so, bf16 products pack them.
+  [[nodiscard]] std::array<const WeightMatrix*, 7> projections() const {
+    return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
+  }
+  [[nodiscard]] std::array<WeightMatrix*, 7> projections() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
 };
 
 struct LlamaWeights {

@@ -277,7 +277,7 @@ KVFUSE_CPU_INLINE void CpuLlama::project_bf16(const RowMatrix& x, const WeightMa
 KVFUSE_CPU_INLINE void CpuLlama::pack_projections_bf16() {
   std::vector<const WeightMatrix*> all;
   for (const LlamaLayerWeights& w : weights_.layers)
-    for (const WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) all.push_back(m);
+    for (const WeightMatrix* m : w.projections()) all.push_back(m);
   bf16_panels_.resize(all.size());
   pool_->parallel_for(static_cast<std::int64_t>(all.size()), [&](std::int64_t i) {
     const WeightMatrix& w = *all[static_cast<std::size_t>(i)];
@@ -935,7 +935,7 @@ KVFUSE_CPU_INLINE std::uint64_t CpuLlama::compute_fingerprint() const noexcept {
   vector(weights_.output_norm);
   matrix(weights_.output);
   for (const LlamaLayerWeights& w : weights_.layers) {
-    for (const WeightMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) matrix(*m);
+    for (const WeightMatrix* m : w.projections()) matrix(*m);
     for (const Eigen::VectorXf* v : {&w.attn_norm, &w.ffn_norm, &w.attn_q_norm, &w.attn_k_norm, &w.attn_post_norm,
                                      &w.ffn_post_norm})
       vector(*v);
