@@ -354,15 +354,15 @@ int main(int argc, char** argv) try {
       // Rows computed over all layers relative to full prefill's n · L.
       const double recomputed = static_cast<double>(computed) / static_cast<double>(n * L);
       qj["methods"][name] = per_token(forced);
-      qj["methods"][name].update({{"kl_answer_mean", tf.kl_mean}, {"top1", tf.top1_agreement}, {"kl_first_token", first},
-                             {"compute_fraction", recomputed}, {"v_deviation_per_layer", layers},
-                             {"max_abs_logit_diff_vs_full",
-                              [&] {
-                                double d = 0;
-                                for (std::size_t i = 0; i < res.logits.size(); ++i)
-                                  d = std::max<double>(d, std::fabs(res.logits[i] - full.logits[i]));
-                                return d;
-                              }()}});
+      qj["methods"][name].update({{"kl_answer_mean", tf.kl_mean}, {"top1", tf.top1_agreement},
+                                  {"kl_first_token", first}, {"compute_fraction", recomputed},
+                                  {"v_deviation_per_layer", layers},
+                                  {"max_abs_logit_diff_vs_full", [&] {
+                                     double d = 0;
+                                     for (std::size_t i = 0; i < res.logits.size(); ++i)
+                                       d = std::max<double>(d, std::fabs(res.logits[i] - full.logits[i]));
+                                     return d;
+                                   }()}});
       add(name, tf, first, recomputed);
     }
     out["per_question"].push_back(qj);

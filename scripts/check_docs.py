@@ -172,29 +172,32 @@ def gate_line(run, label):
     return f"- {label}: {', '.join(verdicts)}; `auto` → {auto}."
 
 
-def check_results_2026_11_28(root, merge):
-    """docs/results.md, 2026-11-28: per model and prompt shape, scripts/merge_results.py's table over the run's
-    results.json and the gate's verdict on the calibration questions (results/three-models-2026-11-28/)."""
+def check_three_models(root, merge, dirname, goal_anchor, when=""):
+    """docs/results.md, 2026-11-28 and 2026-12-02: per model and prompt shape, scripts/merge_results.py's table over
+    the run's results.json and the gate's verdict on the calibration questions (results/<dirname>/, its gate lines
+    labelled "<model>, <n> passages<when>:"), and the goal table after goal_anchor: auto's row of each run."""
     page = Page(root, "docs/results.md")
-    d = root / "docs/results/three-models-2026-11-28"
+    d = root / "docs/results" / dirname
     goal = {}
     for f in sorted(d.glob("*/results.json")):
         qs, model = merge.load([f])
         lines = merge.table_lines(qs, model)
         summary, table = lines[0], lines[4:]
-        page.compare_line(summary, f"results.md, summary of {f.parent.name}", summary)
-        page.compare(summary, f"results.md, table of {f.parent.name}", {cells(r)[0]: cells(r)[1:] for r in table})
+        page.compare_line(summary, f"results.md, summary of {dirname}/{f.parent.name}", summary)
+        page.compare(summary, f"results.md, table of {dirname}/{f.parent.name}",
+                     {cells(r)[0]: cells(r)[1:] for r in table})
         run = load_json(f)
-        label = f"{model}, {run['passages_per_question']} passages"
-        page.compare_line(f"- {label}:", f"results.md, gate of {f.parent.name}", gate_line(run, label))
+        label = f"{model}, {run['passages_per_question']} passages{when}"
+        page.compare_line(f"- {label}:", f"results.md, gate of {dirname}/{f.parent.name}", gate_line(run, label))
         # The goal table: auto's row (full prefill when the gate refused every family).
         _, rows = merge.summarize(qs)
         auto = run["calibration"].get("auto")
         r, full = rows[auto or "full"], rows["full"]
-        goal[f"{MODEL_LABELS[model]}, {run['passages_per_question']}"] = [auto or "full prefill (every family refused)", f"{r['ttft_ratio_vs_full']:.3f}",
-                                     f"{100 * r['gap_closed']:.0f} %", f"{r['top1_answer_agreement']:.3f}",
-                                     f"{r['f1_vs_gold']:.3f} ({full['f1_vs_gold']:.3f})"]
-    page.compare("| model, passages | `auto` |", "results.md, 2026-11-28 goal table", goal, columns=range(1, 6))
+        goal[f"{MODEL_LABELS[model]}, {run['passages_per_question']}"] = [
+            auto or "full prefill (every family refused)", f"{r['ttft_ratio_vs_full']:.3f}",
+            f"{100 * r['gap_closed']:.0f} %", f"{r['top1_answer_agreement']:.3f}",
+            f"{r['f1_vs_gold']:.3f} ({full['f1_vs_gold']:.3f})"]
+    page.compare(goal_anchor, f"results.md, {dirname} goal table", goal, columns=range(1, 6))
 
 
 def check_results_2026_11_21(root):
@@ -932,6 +935,44 @@ def check_fidelity_chunk_context(root):
         page.compare(f"| {label}: probe, chunk caches |", f"fidelity.md, chunk context ({label})", expected)
 
 
+NEAR_TIE = 0.1  # docs/fidelity.md, "Near-tie answer tokens": full prefill's top-1 minus top-2 probability below this
+
+
+def near_tie_tables(d):
+    """docs/fidelity.md, "Near-tie answer tokens": from the probe outputs in d (results/noise-floor-2026-12-02/), per
+    model the answer tokens and the shares of them whose top-1 margin is below 0.05, 0.1 and 0.2; per model and probe
+    the recomputed share, teacher-forced KL and top-1 (means over questions), and the top-1 kept on the answer tokens
+    of margin below NEAR_TIE and at or above it (pooled over questions)."""
+    shares, probes = {}, {}
+    for stem, label in (("smollm2", "SmolLM2"), ("gemma3", "Gemma 3"), ("qwen2", "Qwen2")):
+        path = d / f"{stem}-5x130.json"
+        if not path.exists():
+            continue
+        run = load_json(path)
+        qs = run["per_question"]
+        margins = [m for q in qs for m in q["answer_top_margin"]]
+        shares[label] = [str(len(qs)), str(len(margins))] + [f"{sum(m < t for m in margins) / len(margins):.3f}"
+                                                            for t in (0.05, 0.1, 0.2)]
+        for name, mean in run["means"].items():
+            if name == "full":
+                continue
+            kept = [k for q in qs for k in q["methods"][name]["top1_per_answer_token"]]
+            near = [k for m, k in zip(margins, kept) if m < NEAR_TIE]
+            far = [k for m, k in zip(margins, kept) if m >= NEAR_TIE]
+            probes[f"{label}, {name}"] = [f"{mean['compute_fraction']:.3f}", f"{mean['kl_answer_mean']:.4f}",
+                                          f"{mean['top1']:.3f}", f"{sum(near) / len(near):.3f}",
+                                          f"{sum(far) / len(far):.3f}"]
+    return shares, probes
+
+
+def check_fidelity_near_ties(root):
+    """docs/fidelity.md, "Near-tie answer tokens": near_tie_tables over the committed probe outputs."""
+    shares, probes = near_tie_tables(root / "docs/results/noise-floor-2026-12-02")
+    page = Page(root, "docs/fidelity.md")
+    page.compare("| model | questions | answer tokens |", "fidelity.md, near-tie shares", shares)
+    page.compare("| model, probe | recomputed |", "fidelity.md, near-tie top-1", probes)
+
+
 def check_fidelity_queryprobe(root):
     """docs/fidelity.md, "QueryProbe": per method and chunk-cache layout, results.json's means
     (results/queryprobe-2026-11-28/)."""
@@ -1140,7 +1181,7 @@ def main():
     merge = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(merge)
 
-    checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_results_2026_11_28(root, merge),
+    checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_three_models(root, merge, "three-models-2026-11-28", "| model, passages | `auto` |"),
               lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root), lambda: check_cake_repeats(root),
@@ -1163,7 +1204,7 @@ def main():
                   ("| Cache-Craft with prefix coverage after the AVX-512 product, calibration requests |",
                    "| llama-server, calibration requests, 36c2ff3's run |"), "after the AVX-512 product"),
               lambda: check_results_cover_gate(root), lambda: check_cpu_prefill_avx512(root), lambda: check_fusion_step(root),
-              lambda: check_server_amx(root), lambda: check_cpu_amx(root),
+              lambda: check_server_amx(root), lambda: check_cpu_amx(root), lambda: check_fidelity_near_ties(root),
               lambda: check_provenance(root, args.verbose)]
     for check in checks:
         try:

@@ -6,7 +6,8 @@
 #      KVFUSE_DEMO_SWEEPS=1 adds sweeps of r, k and alpha), each
 #      measured against full prefill in the same run; prints the table, writes results.json, results.md and the
 #      fidelity-vs-TTFT plot to build/demo/rag-eval/; then the same harness on Gemma 3 270M (sliding-window
-#      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/;
+#      layers, SentencePiece, plain-text prompt) to build/demo/rag-eval-gemma3/ (KVFUSE_DEMO_QWEN2=1: and on
+#      Qwen2.5-Coder-0.5B-Instruct to build/demo/rag-eval-qwen2/);
 #   2. kvfuse-server (continuous batching through kvfuse's request-keyed hooks: started, called by the official
 #      openai client with passages as content parts, then a plain-string conversation whose turns load the previous
 #      turns' KV as Cake's prefix entries, stopped); KVFUSE_DEMO_SERVE_BENCH=1 adds kvfuse-serve-bench (the same
@@ -59,6 +60,13 @@ if [[ -f $data ]]; then
   "$build/examples/kvfuse-rag-eval" --model "$gemma" --data "$data" --limit "$gemma_questions" \
     --max-passages "$passages" --out "$build/rag-eval-gemma3" \
     --methods "$gemma_methods"
+  if [[ ${KVFUSE_DEMO_QWEN2:-0} == 1 ]]; then  # opt-in: a 491 MB download and a few minutes more
+    qwen2=$(bash scripts/fetch_model.sh qwen2)
+    echo
+    echo "== Qwen2.5-Coder-0.5B-Instruct ($qwen2), Q/K/V biases, ChatML: $gemma_questions question(s), $passages passages"
+    "$build/examples/kvfuse-rag-eval" --model "$qwen2" --data "$data" --limit "$gemma_questions" \
+      --max-passages "$passages" --out "$build/rag-eval-qwen2" --methods "$gemma_methods"
+  fi
 else
   echo "(no $data: set KVFUSE_DATA=/path/to/musique_dev.json)"
 fi
