@@ -175,12 +175,13 @@ def gate_line(run, label):
 def check_three_models(root, merge, dirname, goal_anchor, when=""):
     """docs/results.md, 2026-11-28 and 2026-12-02: per model and prompt shape, scripts/merge_results.py's table over
     the run's results.json and the gate's verdict on the calibration questions (results/<dirname>/, its gate lines
-    labelled "<model>, <n> passages<when>:"), and the goal table after goal_anchor: auto's row of each run."""
+    labelled "<model>, <n> passages<when>:"), and the goal table after goal_anchor: auto's row of each run. A run
+    split over processes keeps the later ones' results.json in subfolders of the first's, with the same gate."""
     page = Page(root, "docs/results.md")
     d = root / "docs/results" / dirname
     goal = {}
     for f in sorted(d.glob("*/results.json")):
-        qs, model = merge.load([f])
+        qs, model = merge.load([f] + sorted(f.parent.glob("*/results.json")))  # a run split over processes
         lines = merge.table_lines(qs, model)
         summary, table = lines[0], lines[4:]
         page.compare_line(summary, f"results.md, summary of {dirname}/{f.parent.name}", summary)
@@ -189,6 +190,9 @@ def check_three_models(root, merge, dirname, goal_anchor, when=""):
         run = load_json(f)
         label = f"{model}, {run['passages_per_question']} passages{when}"
         page.compare_line(f"- {label}:", f"results.md, gate of {dirname}/{f.parent.name}", gate_line(run, label))
+        for sub in sorted(f.parent.glob("*/results.json")):
+            if gate_line(load_json(sub), label) != gate_line(run, label):
+                problem("docs/results.md", 1, f"{dirname}/{f.parent.name}: {sub.parent.name} ran another gate")
         # The goal table: auto's row (full prefill when the gate refused every family).
         _, rows = merge.summarize(qs)
         auto = run["calibration"].get("auto")
@@ -198,6 +202,16 @@ def check_three_models(root, merge, dirname, goal_anchor, when=""):
             f"{100 * r['gap_closed']:.0f} %", f"{r['top1_answer_agreement']:.3f}",
             f"{r['f1_vs_gold']:.3f} ({full['f1_vs_gold']:.3f})"]
     page.compare(goal_anchor, f"results.md, {dirname} goal table", goal, columns=range(1, 6))
+
+
+def check_cover_judged(root, merge):
+    """docs/results.md, 2026-12-02: Cache-Craft with prefix coverage on Gemma 3's ten-passage judged questions
+    (results/cover-judged-2026-12-02/), scripts/merge_results.py's table."""
+    page = Page(root, "docs/results.md")
+    qs, model = merge.load([root / "docs/results/cover-judged-2026-12-02/gemma3-10x130/results.json"])
+    lines = merge.table_lines(qs, model)
+    page.compare_line(lines[0], "results.md, summary of cover-judged-2026-12-02", lines[0])
+    page.compare(lines[0], "results.md, table of cover-judged-2026-12-02", {cells(r)[0]: cells(r)[1:] for r in lines[4:]})
 
 
 def check_results_2026_11_21(root):
@@ -1182,6 +1196,9 @@ def main():
     spec.loader.exec_module(merge)
 
     checks = [lambda: check_results_2026_11_24(root, merge), lambda: check_three_models(root, merge, "three-models-2026-11-28", "| model, passages | `auto` |"),
+              lambda: check_three_models(root, merge, "three-models-2026-12-02", "| model, passages (2026-12-02) | `auto` |",
+                                         " (2026-12-02)"),
+              lambda: check_cover_judged(root, merge),
               lambda: check_results_2026_11_21(root),
               lambda: check_results_alpha0(root), lambda: check_llamacpp(root), lambda: check_serving(root),
               lambda: check_cake_simulation(root), lambda: check_cake_defaults(root), lambda: check_cake_repeats(root),
