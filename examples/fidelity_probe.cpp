@@ -70,9 +70,9 @@ Probe parse_probe(const std::string& name) {
     p.starts = kvfuse_example::parse_int("--methods", p.kind.substr(5));
     p.kind = p.kind.substr(0, 5) + "s";
   }
-  kvfuse::require(p.kind == "full" || p.kind == "full-bf16" || p.kind == "naive" || p.kind == "hkvd" || p.kind == "hkvd+s" ||
-                      p.kind == "hkvd-s" ||
-                      p.kind == "random" || p.kind == "starts" || p.kind == "chunks" || p.kind == "depth",
+  kvfuse::require(p.kind == "full" || p.kind == "full-bf16" || p.kind == "naive" || p.kind == "hkvd" ||
+                      p.kind == "hkvd+s" || p.kind == "hkvd-s" || p.kind == "random" || p.kind == "starts" ||
+                      p.kind == "chunks" || p.kind == "depth",
                   "--methods: unknown probe '{}'", name);
   return p;
 }
@@ -88,11 +88,9 @@ kvfuse::TokenSet chunk_starts(const kvfuse::PromptLayout& layout, std::int64_t s
 
 // The probability of the top token minus that of the second, from logits.
 double top_margin(const std::vector<float>& logits) {
-  std::vector<float> z = logits;
-  std::partial_sort(z.begin(), z.begin() + 2, z.end(), std::greater<>());
-  double sum = 0;
-  for (const float v : logits) sum += std::exp(static_cast<double>(v) - z[0]);
-  return (1.0 - std::exp(static_cast<double>(z[1]) - z[0])) / sum;
+  std::vector<double> log_p = kvfuse::eval::log_softmax(logits);
+  std::partial_sort(log_p.begin(), log_p.begin() + 2, log_p.end(), std::greater<>());
+  return std::exp(log_p[0]) - std::exp(log_p[1]);
 }
 
 kvfuse::TokenSet with_query(kvfuse::TokenSet rows, const kvfuse::PromptLayout& layout) {
